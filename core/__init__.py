@@ -1,0 +1,1 @@
+"""tk.core: Transformer parts and the training engine, shared by every task plugin."""

@@ -1,0 +1,167 @@
+"""The Task contract: the one extension point of tk.
+
+A task supplies what differs between jobs (data, model, loss, metrics, prediction);
+the engine in ``tk.core.train`` owns everything else (devices, precision, gradient
+accumulation, clipping, schedules, checkpoints, logging, distribution).
+See ``docs/plugins.md`` for a walk-through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tk.core.config import RunConfig
+    from tk.core.data import LoaderSpec
+    from tk.core.metrics import Metric
+
+
+@dataclass
+class StepOutput:
+    """What ``Task.loss`` returns for one (micro-)batch.
+
+    Attributes:
+        loss: the loss *summed* over the batch's items (tokens, images, ...), a scalar
+            tensor. The engine divides by the total ``num_items`` of all accumulated
+            micro-batches (and processes), so gradient accumulation is exact.
+        num_items: how many items ``loss`` is summed over (non-PAD tokens for a
+            token-level loss, samples for a sample-level one).
+        logs: extra scalars to log, each already summed over the batch like ``loss``
+            (the engine reports ``logs[k] / num_items``).
+        outputs: anything the task's metrics need (logits, predictions).
+    """
+
+    loss: torch.Tensor
+    num_items: int | torch.Tensor
+    logs: dict[str, float | torch.Tensor] = field(default_factory=dict)
+    outputs: Any = None
+
+
+@dataclass
+class EmptyConfig:
+    """Placeholder section for tasks that have no options there."""
+
+
+class Task:
+    """Base class for a task plugin. Subclass it directly (one level only).
+
+    Class attributes:
+        name: the entry-point name (``tk.tasks`` group); also the plugin folder name.
+        DataConfig: dataclass for the recipe's ``data:`` section.
+        ModelConfig: dataclass for the recipe's ``model:`` section.
+        extra_sections: further top-level recipe sections owned by the task
+            (e.g. ``{"mixup": MixupConfig, "distill": DistillConfig}``).
+
+    An instance is built from a validated :class:`tk.core.config.RunConfig`;
+    ``self.data``, ``self.model_cfg`` and ``self.sections[name]`` hold the task's
+    parsed sections, ``self.cfg`` the whole run config.
+    """
+
+    name: ClassVar[str] = ""
+    DataConfig: ClassVar[type] = EmptyConfig
+    ModelConfig: ClassVar[type] = EmptyConfig
+    extra_sections: ClassVar[Mapping[str, type]] = {}
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.data = cfg.sections["data"]
+        self.model_cfg = cfg.sections["model"]
+        self.sections = cfg.sections
+        self.teacher: nn.Module | None = None  # set by the engine from build_teacher()
+
+    # -- schema ------------------------------------------------------------------
+    @classmethod
+    def config_sections(cls) -> dict[str, type]:
+        """All recipe sections this task owns, name -> dataclass."""
+        return {"data": cls.DataConfig, "model": cls.ModelConfig, **cls.extra_sections}
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> list[str]:
+        """Cross-field rules, checked before anything heavy starts.
+
+        Returns one message per broken rule, each naming the key path(s), e.g.
+        ``"train.batch_size: Mixup needs an even batch size, got 7"``.
+        """
+        return []
+
+    # -- lifecycle ---------------------------------------------------------------
+    def setup(self, run_dir: str | None) -> None:
+        """Prepare shared state before data and model are built (e.g. train a tokenizer).
+
+        ``run_dir`` is where the run writes (None for evaluation-only use); on resume
+        ``load_state_dict`` is called instead of redoing expensive work.
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Task state that a checkpoint must carry to reload the task (tokenizer, vocab).
+        Values must be plain Python (str, int, float, lists, dicts)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    # -- data --------------------------------------------------------------------
+    def build_dataset(self, split: str) -> Dataset:
+        """The dataset of one split (``"train"``, ``"val"``, ``"test"``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_dataset")
+
+    def collate(self, samples: list[Any]) -> dict[str, Any]:
+        """Turn a list of dataset items into a batch dict (``torch`` default collation)."""
+        return torch.utils.data.default_collate(samples)
+
+    def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
+        """A loader for ``split``. Override for custom batching (e.g. by token count),
+        but honour ``spec`` (batch size, shuffling, seed, rank/world size)."""
+        from tk.core.data import build_loader
+
+        return build_loader(self.build_dataset(split), spec, collate_fn=self.collate)
+
+    def transform_batch(self, batch: dict[str, Any], training: bool) -> dict[str, Any]:
+        """Per-batch transform run on the device before ``loss`` (e.g. Mixup)."""
+        return batch
+
+    # -- model and loss ----------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        """The model: a core backbone plus the task's head."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_model")
+
+    def build_teacher(self) -> nn.Module | None:
+        """An optional frozen model (distillation). The engine moves it to the device,
+        puts it in eval mode without gradients and stores it in ``self.teacher``."""
+        return None
+
+    def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        """Forward pass and summed loss for one training batch."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss")
+
+    def eval_step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        """Forward pass for evaluation; ``outputs`` feeds the metrics. Override to add
+        e.g. beam-search hypotheses for BLEU."""
+        return self.loss(model, batch)
+
+    def build_metrics(self, split: str) -> dict[str, Metric]:
+        """Fresh metrics for one evaluation pass; each gets ``update(step_output, batch)``
+        per batch, is synced across processes, then ``compute()``-d."""
+        return {}
+
+    # -- inference ---------------------------------------------------------------
+    def predict(self, model: nn.Module, inputs: Sequence[str], **options: Any) -> list[dict[str, Any]]:
+        """Optional: predictions for raw inputs (file paths, sentences, prompts)."""
+        raise NotImplementedError(f"task {self.name!r} does not support prediction")
+
+    @classmethod
+    def describe(cls) -> str:
+        """One line for ``tk list``: the first line of the class docstring."""
+        doc = (cls.__doc__ or "").strip().splitlines()
+        return doc[0] if doc else ""
+
+
+def config_to_dict(obj: Any) -> Any:
+    """A (nested) config dataclass as plain Python data."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
