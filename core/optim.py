@@ -1,0 +1,178 @@
+"""Optimisers with timm-style parameter groups: no decay on norms/biases/embeddings,
+optional layer-wise learning-rate decay for fine-tuning.
+
+Layer-wise decay: BEiT (https://arxiv.org/abs/2106.08254), ELECTRA (https://arxiv.org/abs/2003.10555).
+Decoupled weight decay: AdamW (https://arxiv.org/abs/1711.05101).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Literal
+
+import torch
+from torch import nn
+
+__all__ = ["OptimConfig", "build_optimizer", "param_groups"]
+
+
+@dataclass
+class OptimConfig:
+    """The recipe's ``optim:`` section."""
+
+    name: Literal["adamw", "sgd"] = "adamw"  # optimiser: "adamw" (decoupled decay) or "sgd"
+    lr: float = 1e-3  # peak learning rate (the schedule multiplies it); Noam: the lr factor
+    weight_decay: float = 0.05  # decay coefficient, applied to weight matrices only
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2)
+    eps: float = 1e-8  # AdamW denominator epsilon
+    momentum: float = 0.9  # SGD momentum
+    nesterov: bool = False  # SGD: use Nesterov momentum
+    layer_decay: float | None = None  # layer-wise lr decay in (0, 1]: group lr *= decay**(L - layer_id)
+    decay_norm_and_bias: bool = False  # also decay norms, biases, embeddings (off: timm's convention)
+
+    def check(self) -> list[str]:
+        """Range checks; one message per broken rule, naming the ``optim.*`` key."""
+        errors = []
+        if not self.lr > 0:
+            errors.append(f"optim.lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            errors.append(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            errors.append(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            errors.append(f"optim.eps must be > 0, got {self.eps}")
+        if not 0.0 <= self.momentum < 1.0:
+            errors.append(f"optim.momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and self.momentum == 0:
+            errors.append("optim.nesterov needs optim.momentum > 0, got 0")
+        if self.layer_decay is not None and not 0.0 < self.layer_decay <= 1.0:
+            errors.append(f"optim.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
+        if self.name not in ("adamw", "sgd"):
+            errors.append(f"optim.name must be 'adamw' or 'sgd', got {self.name!r}")
+        return errors
+
+
+def _no_decay_ids(model: nn.Module) -> set[int]:
+    """ids of parameters that get no weight decay: ndim <= 1 (norms, biases, scalars),
+    nn.Embedding weights and the names each (sub)module lists in ``no_weight_decay()``."""
+    skip: set[int] = set()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, p in params.items():
+        if p.ndim <= 1:
+            skip.add(id(p))
+    for prefix, module in model.named_modules():
+        if isinstance(module, nn.Embedding):
+            skip.add(id(module.weight))
+        hook = getattr(module, "no_weight_decay", None)
+        if callable(hook):
+            # timm convention: names relative to the module; an entry may also name a
+            # submodule or parameter prefix (e.g. "pos_embed", "cls_token").
+            for entry in hook():
+                full = f"{prefix}.{entry}" if prefix else entry
+                for name, p in params.items():
+                    if name == full or name.startswith(full + "."):
+                        skip.add(id(p))
+    return skip
+
+
+def _layer_ids(
+    model: nn.Module,
+    names: list[str],
+    layer_id_fn: Callable[[str], int] | None,
+    num_layers: int | None,
+) -> tuple[dict[str, int], int]:
+    """Layer id per parameter name, and the number of layers L (the head's id)."""
+    fn = layer_id_fn or getattr(model, "layer_id", None)
+    if num_layers is None and callable(getattr(model, "num_layers", None)):
+        num_layers = model.num_layers()
+    if fn is None or num_layers is None:
+        raise ValueError(
+            "optim.layer_decay is set, but the model provides no layer ids: give the model "
+            "methods layer_id(param_name) -> int and num_layers() -> int, or pass "
+            "build_optimizer(..., layer_id_fn=..., num_layers=...); or set optim.layer_decay: null"
+        )
+    ids = {}
+    for name in names:
+        lid = int(fn(name))
+        if not 0 <= lid <= num_layers:
+            raise ValueError(f"layer_id({name!r}) = {lid} is outside [0, num_layers={num_layers}]")
+        ids[name] = lid
+    return ids, num_layers
+
+
+def param_groups(
+    model: nn.Module,
+    cfg: OptimConfig,
+    layer_id_fn: Callable[[str], int] | None = None,
+    num_layers: int | None = None,
+) -> list[dict]:
+    """Parameter groups for ``model``: (decay / no decay) x (layer-wise lr scale).
+
+    Each group holds ``params``, ``weight_decay``, ``lr_scale`` (1.0 without layer decay)
+    and ``lr = cfg.lr * lr_scale``. Frozen parameters (``requires_grad=False``) are left
+    out; a parameter shared by several modules appears once.
+
+    Raises:
+        ValueError: no trainable parameters, or ``layer_decay`` without layer ids.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError(f"{type(model).__name__} has no trainable parameters to optimise")
+    skip = set() if cfg.decay_norm_and_bias else _no_decay_ids(model)
+    if cfg.layer_decay is not None:
+        ids, n_layers = _layer_ids(model, [n for n, _ in named], layer_id_fn, num_layers)
+    groups: dict[tuple[bool, int], dict] = {}
+    for name, p in named:
+        decay = id(p) not in skip
+        lid = ids[name] if cfg.layer_decay is not None else 0
+        scale = cfg.layer_decay ** (n_layers - lid) if cfg.layer_decay is not None else 1.0
+        key = (decay, lid)
+        if key not in groups:
+            groups[key] = {
+                "params": [],
+                "param_names": [],
+                "weight_decay": cfg.weight_decay if decay else 0.0,
+                "lr_scale": scale,
+                "lr": cfg.lr * scale,
+            }
+        groups[key]["params"].append(p)
+        groups[key]["param_names"].append(name)
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[1], not k[0]))]
+
+
+def build_optimizer(
+    model: nn.Module,
+    cfg: OptimConfig,
+    layer_id_fn: Callable[[str], int] | None = None,
+    num_layers: int | None = None,
+) -> torch.optim.Optimizer:
+    """The optimiser named by ``cfg`` over :func:`param_groups` of ``model``.
+
+    Group learning rates already include ``lr_scale`` (``lr = cfg.lr * lr_scale``), so a
+    scheduler that multiplies each group's initial lr (``tk.core.schedule``) keeps the
+    layer-wise ratios.
+
+    Args:
+        model: the model; parameters with ``requires_grad=False`` are skipped.
+        cfg: the ``optim:`` section.
+        layer_id_fn: maps a parameter name to its layer id in ``[0, num_layers]``
+            (0 = embeddings, ``num_layers`` = head, which keeps the full lr); defaults to
+            ``model.layer_id``. Only used when ``cfg.layer_decay`` is set.
+        num_layers: defaults to ``model.num_layers()``.
+
+    Raises:
+        ValueError: a config value out of range (message names the ``optim.*`` key).
+    """
+    errors = cfg.check()
+    if errors:
+        raise ValueError("; ".join(errors))
+    groups = param_groups(model, cfg, layer_id_fn, num_layers)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+
+
+def iter_group_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    """All parameters of ``optimizer`` (e.g. for gradient clipping)."""
+    for group in optimizer.param_groups:
+        yield from group["params"]

@@ -1,0 +1,124 @@
+"""Tests for tk.core.optim: weight-decay groups, frozen params, layer-wise lr decay."""
+
+import pytest
+import torch
+from torch import nn
+
+from tk.core.optim import OptimConfig, build_optimizer, param_groups
+
+
+class Toy(nn.Module):
+    """Embedding -> 2 blocks (Linear + LayerNorm) -> head, plus a cls token."""
+
+    def __init__(self, tie: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))  # 3-D: decayed unless listed
+        self.pos_embed = nn.Parameter(torch.zeros(1, 4, 8))
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)) for _ in range(2))
+        self.head = nn.Linear(8, 10)
+        if tie:
+            self.head.weight = self.embed.weight
+
+    def no_weight_decay(self):
+        return {"pos_embed"}
+
+    def layer_id(self, name: str) -> int:
+        if name.startswith("blocks."):
+            return int(name.split(".")[1]) + 1
+        if name.startswith("head."):
+            return 3
+        return 0
+
+    def num_layers(self) -> int:
+        return 3
+
+
+def _decay_of(opt):
+    return {n: g["weight_decay"] for g in opt.param_groups for n in g["param_names"]}
+
+
+def test_no_decay_on_norms_biases_embeddings_and_listed_names():
+    torch.manual_seed(0)
+    opt = build_optimizer(Toy(), OptimConfig(weight_decay=0.1))
+    wd = _decay_of(opt)
+    assert wd["embed.weight"] == 0.0
+    assert wd["pos_embed"] == 0.0  # from no_weight_decay()
+    assert wd["cls_token"] == 0.1  # 3-D and not listed
+    assert wd["blocks.0.0.weight"] == 0.1 and wd["head.weight"] == 0.1
+    assert wd["blocks.0.0.bias"] == 0.0 and wd["blocks.1.1.weight"] == 0.0  # bias, LayerNorm
+    assert isinstance(opt, torch.optim.AdamW)
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(Toy().parameters()))
+
+
+def test_decay_norm_and_bias_puts_everything_in_decay():
+    opt = build_optimizer(Toy(), OptimConfig(weight_decay=0.1, decay_norm_and_bias=True))
+    assert set(_decay_of(opt).values()) == {0.1}
+
+
+def test_frozen_params_excluded_and_tied_counted_once():
+    torch.manual_seed(0)
+    model = Toy(tie=True)
+    model.blocks[0].requires_grad_(False)
+    opt = build_optimizer(model, OptimConfig(name="sgd", lr=0.1, momentum=0.5, nesterov=True))
+    names = [n for g in opt.param_groups for n in g["param_names"]]
+    assert not any(n.startswith("blocks.0.") for n in names)
+    ids = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(ids) == len(set(ids))
+    # the tied head/embedding weight is an embedding weight: no decay
+    assert id(model.embed.weight) in {id(p) for g in opt.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["nesterov"]
+
+
+def test_layer_decay_scales():
+    cfg = OptimConfig(lr=1.0, layer_decay=0.5)
+    opt = build_optimizer(Toy(), cfg)
+    scale = {n: g["lr_scale"] for g in opt.param_groups for n in g["param_names"]}
+    assert scale["head.weight"] == 1.0
+    assert scale["blocks.1.0.weight"] == 0.5
+    assert scale["blocks.0.0.weight"] == 0.25
+    assert scale["embed.weight"] == 0.125
+    for g in opt.param_groups:
+        assert g["lr"] == pytest.approx(cfg.lr * g["lr_scale"])
+
+
+def test_layer_decay_with_function_argument_and_missing_hook():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="layer_id"):
+        build_optimizer(model, OptimConfig(layer_decay=0.5))
+    opt = build_optimizer(model, OptimConfig(lr=2.0, layer_decay=0.5), layer_id_fn=lambda n: int(n[0]) + 1, num_layers=2)
+    lrs = {n: g["lr"] for g in opt.param_groups for n in g["param_names"]}
+    assert lrs["0.weight"] == 1.0 and lrs["1.weight"] == 2.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [({"lr": -1.0}, "optim.lr must be > 0, got -1.0"), ({"betas": [0.9, 1.0]}, "optim.betas"),
+     ({"layer_decay": 0.0}, "optim.layer_decay"), ({"eps": 0.0}, "optim.eps")],
+)
+def test_validation_names_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        build_optimizer(Toy(), OptimConfig(**kwargs))
+
+
+def test_adamw_step_matches_manual_param_groups():
+    """Same update as torch.optim.AdamW built by hand with the expected groups."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(3, 2), nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    opt_a = build_optimizer(a, OptimConfig(lr=0.1, weight_decay=0.5))
+    opt_b = torch.optim.AdamW([{"params": [b.weight], "weight_decay": 0.5}, {"params": [b.bias], "weight_decay": 0.0}], lr=0.1)
+    x = torch.randn(5, 3)
+    for model, opt in ((a, opt_a), (b, opt_b)):
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+    torch.testing.assert_close(a.weight, b.weight)
+    torch.testing.assert_close(a.bias, b.bias)
+
+
+def test_no_trainable_params():
+    model = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable"):
+        param_groups(model, OptimConfig())
