@@ -1,0 +1,119 @@
+"""Shared fixtures: a toy task plugin installed as a real (temporary) distribution."""
+
+from __future__ import annotations
+
+import os
+import random
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+TOY_PLUGIN = textwrap.dedent('''
+    """A toy task for tk's tests: classify Gaussian blobs with a small MLP."""
+    from dataclasses import dataclass
+
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from tk.core.metrics import Accuracy
+    from tk.core.task import StepOutput, Task
+
+
+    @dataclass
+    class ToyData:
+        num_train: int = 256  # training samples
+        num_val: int = 128  # validation samples
+        num_classes: int = 4  # blobs
+        dim: int = 8  # features
+        noise: float = 0.5  # blob spread
+        seed: int = 0  # data seed
+
+
+    @dataclass
+    class ToyModel:
+        hidden: int = 32  # hidden width
+
+
+    class ToyTask(Task):
+        """Gaussian-blob classification (test plugin)."""
+
+        name = "toy"
+        DataConfig = ToyData
+        ModelConfig = ToyModel
+
+        def build_dataset(self, split):
+            d = self.data
+            g = torch.Generator().manual_seed(d.seed)
+            centres = torch.randn(d.num_classes, d.dim, generator=g) * 2
+            n = d.num_train if split == "train" else d.num_val
+            g.manual_seed(d.seed + (1 if split == "train" else 2))
+            labels = torch.randint(0, d.num_classes, (n,), generator=g)
+            x = centres[labels] + d.noise * torch.randn(n, d.dim, generator=g)
+            return TensorDataset(x, labels)
+
+        def collate(self, samples):
+            x, y = torch.utils.data.default_collate(samples)
+            return {"x": x, "labels": y}
+
+        def build_model(self):
+            d, m = self.data, self.model_cfg
+            return nn.Sequential(nn.Linear(d.dim, m.hidden), nn.ReLU(), nn.Linear(m.hidden, d.num_classes))
+
+        def loss(self, model, batch):
+            logits = model(batch["x"])
+            loss = nn.functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+            return StepOutput(loss=loss, num_items=batch["labels"].numel(), outputs=logits)
+
+        def build_metrics(self, split):
+            return {"acc": Accuracy(topk=(1,))}
+''')
+
+TOY_RECIPE = textwrap.dedent('''
+    # Toy blobs; a few seconds on CPU.
+    task: toy
+    data: {num_classes: 4}
+    model: {hidden: 32}
+    optim: {lr: 0.01}
+    train: {max_steps: 40, batch_size: 16, eval_every: 20, progress: false}
+''')
+
+
+def make_distribution(site: Path, dist: str, package: str, source: str, entry_points: dict[str, str]) -> Path:
+    """Write an installed-looking distribution (package + ``*.dist-info``) into ``site``."""
+    (site / package).mkdir(parents=True, exist_ok=True)
+    (site / package / "__init__.py").write_text(source)
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[tk.tasks]\n{lines}")
+    return site
+
+
+@pytest.fixture
+def toy_site(tmp_path, monkeypatch) -> Path:
+    """A temporary site dir on sys.path holding distribution ``tk-toy`` with task ``toy``."""
+    site = make_distribution(tmp_path / "site", "tk-toy", "tk_toy_plugin", TOY_PLUGIN,
+                             {"toy": "tk_toy_plugin:ToyTask"})
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+@pytest.fixture
+def toy_recipe(tmp_path) -> Path:
+    path = tmp_path / "toy.yaml"
+    path.write_text(TOY_RECIPE)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
