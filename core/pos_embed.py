@@ -1,0 +1,265 @@
+"""Positional information: sinusoidal, learned and rotary encodings, scaled token
+embeddings, 2-D sin-cos tables and ViT position-embedding resampling.
+
+Papers: "Attention Is All You Need" (Vaswani et al., 2017), https://arxiv.org/abs/1706.03762;
+RoFormer / rotary embeddings (Su et al., 2021), https://arxiv.org/abs/2104.09864;
+ViT (Dosovitskiy et al., 2020), https://arxiv.org/abs/2010.11929; MAE 2-D sin-cos
+(He et al., 2021), https://arxiv.org/abs/2111.06377.
+
+All additive encodings share one call: ``module(x, offset=0) -> x + encoding`` for
+x (B, T, D), where ``offset`` is the position of x's first token (the KV-cache length
+during incremental decoding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def sinusoidal_table(num_pos: int, dim: int, offset: int = 0, device=None) -> Tensor:
+    """Sinusoidal encodings for positions offset .. offset + num_pos - 1.
+
+    PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)).
+    An odd D drops the last cosine column.
+
+    Returns:
+        (num_pos, D) float32.
+    """
+    pos = torch.arange(offset, offset + num_pos, dtype=torch.float32, device=device)[:, None]
+    two_i = torch.arange(0, dim, 2, dtype=torch.float32, device=device)
+    angles = pos / torch.pow(10000.0, two_i / dim)  # (T, ceil(D/2))
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # interleave sin, cos
+    return table[:, :dim]
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sin/cos encodings, added to the input ("Attention Is All You Need", sec. 3.5).
+
+    The table is a non-persistent buffer of ``max_len`` rows (not a parameter, not saved).
+    Positions beyond ``max_len`` are computed on the fly, so this encoding extrapolates to
+    any length.
+    """
+
+    def __init__(self, dim: int, max_len: int = 5000) -> None:
+        """Args:
+            dim: model width D.
+            max_len: rows to precompute.
+        """
+        super().__init__()
+        self.dim, self.max_len = dim, max_len
+        self.register_buffer("pe", sinusoidal_table(max_len, dim), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Args:
+            x: (B, T, D).
+            offset: position of x's first token.
+
+        Returns:
+            (B, T, D) = x + PE[offset : offset + T].
+        """
+        T = x.shape[1]
+        if offset + T <= self.max_len:
+            pe = self.pe[offset : offset + T]
+        else:
+            pe = sinusoidal_table(T, self.dim, offset, device=x.device)
+        return x + pe.to(x.dtype)
+
+
+def _check_len(length: int, max_len: int, what: str) -> None:
+    if length > max_len:
+        raise ValueError(
+            f"sequence length ({length}) exceeds max_len ({max_len}) of {what}; "
+            f"build the model with a larger max_len (at least {length})"
+        )
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A learned table of ``max_len`` position vectors, added to the input (BERT/GPT-2 style).
+
+    Does not extrapolate: longer sequences raise ValueError.
+    """
+
+    def __init__(self, max_len: int, dim: int, init_std: float = 0.02) -> None:
+        """Args:
+            max_len: number of positions.
+            dim: model width D.
+            init_std: std of the normal initialisation.
+        """
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Args:
+            x: (B, T, D).
+            offset: position of x's first token.
+
+        Returns:
+            (B, T, D) = x + weight[offset : offset + T].
+
+        Raises:
+            ValueError: if ``offset + T > max_len``.
+        """
+        _check_len(offset + x.shape[1], self.max_len, "LearnedPositionalEmbedding")
+        return x + self.weight[offset : offset + x.shape[1]]
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE), applied to queries and keys inside attention.
+
+    Uses the "rotate half" layout (GPT-NeoX / LLaMA in HF): channel j is paired with
+    channel j + Dh/2. The cos/sin tables grow on demand, so any length works. Pass it to
+    ``MultiHeadAttention(..., rotary=RotaryEmbedding(head_dim))``; the attention supplies
+    the offset (the KV-cache length) during cached decoding.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        """Args:
+            head_dim: Dh, must be even.
+            base: frequency base.
+
+        Raises:
+            ValueError: if ``head_dim`` is odd.
+        """
+        super().__init__()
+        if head_dim % 2 != 0:
+            raise ValueError(f"RotaryEmbedding head_dim ({head_dim}) must be even")
+        self.head_dim, self.base = head_dim, base
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("_cos", torch.empty(0, head_dim), persistent=False)
+        self.register_buffer("_sin", torch.empty(0, head_dim), persistent=False)
+
+    def _tables(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        if self._cos.shape[0] < length or self._cos.device != device:
+            n = max(length, 2 * self._cos.shape[0])  # grow geometrically
+            pos = torch.arange(n, dtype=torch.float32, device=device)
+            freqs = torch.outer(pos, self.inv_freq.to(device))  # (n, Dh/2)
+            emb = torch.cat([freqs, freqs], dim=-1)  # (n, Dh)
+            self._cos, self._sin = emb.cos(), emb.sin()
+        return self._cos, self._sin
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Rotate x by its positions.
+
+        Args:
+            x: (B, H, T, Dh) queries or keys.
+            offset: position of x's first token.
+
+        Returns:
+            (B, H, T, Dh), same dtype as x (computed in float32).
+        """
+        T = x.shape[-2]
+        cos, sin = self._tables(offset + T, x.device)
+        cos, sin = cos[offset : offset + T], sin[offset : offset + T]  # (T, Dh)
+        xf = x.float()
+        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
+
+
+class TokenEmbedding(nn.Embedding):
+    """Token embedding multiplied by sqrt(D), as in "Attention Is All You Need" (sec. 3.4).
+
+    Subclasses ``nn.Embedding`` so ``.weight`` (V, D) can be tied to an output projection.
+    With ``scale=True`` the weights start as N(0, D^-1/2) so the scaled output has unit
+    variance (fairseq's choice); the padding row starts at zero.
+    """
+
+    def __init__(self, vocab_size: int, dim: int, padding_idx: int | None = None, scale: bool = True) -> None:
+        """Args:
+            vocab_size: V.
+            dim: D.
+            padding_idx: id whose row is zero and gets no gradient.
+            scale: multiply the output by sqrt(D).
+        """
+        super().__init__(vocab_size, dim, padding_idx=padding_idx)
+        self.scale = math.sqrt(dim) if scale else 1.0
+        if scale:
+            with torch.no_grad():
+                nn.init.normal_(self.weight, std=dim**-0.5)
+                if padding_idx is not None:
+                    self.weight[padding_idx].zero_()
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """(B, T) ids -> (B, T, D)."""
+        return super().forward(tokens) * self.scale
+
+
+def sincos_pos_embed_2d(dim: int, grid: tuple[int, int], temperature: float = 10000.0) -> Tensor:
+    """Fixed 2-D sin-cos position table for a (h, w) patch grid (MAE-style).
+
+    Layout per position: [sin(y w_k), cos(y w_k), sin(x w_k), cos(x w_k)], each D/4 wide,
+    with w_k = 1 / temperature^(k / (D/4)); rows run over the grid row-major.
+
+    Returns:
+        (h * w, D) float32.
+
+    Raises:
+        ValueError: if D is not divisible by 4.
+    """
+    if dim % 4 != 0:
+        raise ValueError(f"dim ({dim}) must be divisible by 4 for a 2-D sin-cos embedding")
+    h, w = grid
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+    y, x = torch.outer(ys.flatten(), omega), torch.outer(xs.flatten(), omega)  # (h*w, D/4)
+    return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1)
+
+
+def resample_pos_embed(
+    pos_embed: Tensor,
+    new_grid: tuple[int, int],
+    old_grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+    interpolation: str = "bicubic",
+    antialias: bool = True,
+) -> Tensor:
+    """Resize ViT absolute position embeddings to a new patch grid, keeping prefix tokens.
+
+    The grid part is reshaped to (1, D, h, w), interpolated in float32 and flattened back;
+    the first ``num_prefix_tokens`` rows (class/distillation tokens) are kept as they are.
+
+    Args:
+        pos_embed: (1, P + h*w, D) embeddings, P = ``num_prefix_tokens``.
+        new_grid: target (h', w').
+        old_grid: source (h, w); None assumes a square grid.
+        num_prefix_tokens: P, rows before the grid.
+        interpolation: ``F.interpolate`` mode ("bicubic", "bilinear", ...).
+        antialias: antialias when downsampling (bicubic/bilinear only).
+
+    Returns:
+        (1, P + h'*w', D) in pos_embed's dtype.
+
+    Raises:
+        ValueError: if the grid size does not match the number of rows.
+    """
+    if pos_embed.dim() != 3:
+        raise ValueError(f"pos_embed must have shape (1, P + N, D), got shape {tuple(pos_embed.shape)}")
+    n = pos_embed.shape[1] - num_prefix_tokens
+    if old_grid is None:
+        side = math.isqrt(max(n, 0))
+        if side * side != n:
+            raise ValueError(f"cannot infer a square grid from {n} patch rows; pass old_grid=(h, w)")
+        old_grid = (side, side)
+    if old_grid[0] * old_grid[1] != n:
+        raise ValueError(
+            f"old_grid {tuple(old_grid)} has {old_grid[0] * old_grid[1]} cells but pos_embed has {n} patch rows "
+            f"(shape {tuple(pos_embed.shape)}, num_prefix_tokens={num_prefix_tokens})"
+        )
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    D = grid.shape[-1]
+    grid = grid.float().reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)  # (1, D, h, w)
+    use_aa = antialias and interpolation in ("bicubic", "bilinear")
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=interpolation, antialias=use_aa)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(pos_embed.dtype)  # (1, N', D)
+    return torch.cat([prefix, grid], dim=1)
