@@ -1,0 +1,344 @@
+"""Checkpoints: atomic saves, safe (weights-only) loads, RNG capture, rotation, model-state
+matching with readable errors, safetensors export and checkpoint averaging.
+
+Checkpoint averaging: "Attention Is All You Need" (https://arxiv.org/abs/1706.03762), sec. 6.1.
+safetensors: https://huggingface.co/docs/safetensors
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from tk.core.errors import TkError
+
+__all__ = [
+    "save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state",
+    "CheckpointManager", "load_model_state", "export_safetensors", "average_checkpoints",
+]
+
+_MARK = "_tk_checkpoint"  # format version stored in every checkpoint tk writes
+_VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d+)\.pt$")
+
+
+# -- atomic files -----------------------------------------------------------------
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable: fsync the directory entry (not possible on Windows)."""
+    if os.name == "nt":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Call ``write(file)`` on a temp file next to ``path``, fsync it, then rename it
+    over ``path``: readers see the old file or the complete new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically (temp file, fsync, ``os.replace``).
+
+    Args:
+        path: destination file; its folder is created if needed.
+        state: tensors and plain Python only (dicts, lists, tuples, numbers, strings),
+            so that :func:`load_checkpoint` can read it with ``weights_only=True``;
+            use :func:`capture_rng_state` for RNG states.
+    """
+    payload = {**state, _MARK: _VERSION}
+    _atomic_write(Path(path), lambda f: torch.save(payload, f))
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: no code
+    in the file is run).
+
+    Raises:
+        TkError: the file is missing, unreadable, or not a tk checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TkError(f"checkpoint {str(path)!r} does not exist; check the path (or the run folder's checkpoints)")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # pickle errors, truncated zip files, unsafe types
+        raise TkError(
+            f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+            "(truncated or not a tk checkpoint; tk loads with weights_only=True)"
+        ) from e
+    if not isinstance(state, dict) or _MARK not in state:
+        raise TkError(
+            f"{str(path)!r} is not a tk checkpoint (no {_MARK!r} marker); for a plain model state_dict "
+            "use torch.load + load_model_state"
+        )
+    state.pop(_MARK)
+    return state
+
+
+# -- RNG ------------------------------------------------------------------------------
+def capture_rng_state() -> dict[str, Any]:
+    """States of python ``random``, numpy's global RNG, torch CPU and every CUDA device,
+    as tensors and plain Python (safe for ``weights_only`` loading)."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+        "torch": torch.get_rng_state(),
+    }
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
+                          "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+    except ImportError:  # pragma: no cover - numpy is a dependency, but keep RNG capture usable
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`capture_rng_state` returned (parts absent there are skipped)."""
+    if "python" in state:
+        py = state["python"]
+        random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"].cpu())
+    if "numpy" in state:
+        import numpy as np
+
+        n = state["numpy"]
+        keys = np.asarray(n["keys"].cpu().numpy(), dtype=np.uint32)
+        np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached"]))
+    if "cuda" in state and torch.cuda.is_available():
+        saved = list(state["cuda"])
+        if len(saved) != torch.cuda.device_count():
+            warnings.warn(
+                f"checkpoint has CUDA RNG states for {len(saved)} devices, {torch.cuda.device_count()} visible; "
+                "restoring the first ones (runs are not bit-reproducible)", stacklevel=2,
+            )
+        for i, s in enumerate(saved[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
+
+
+# -- rotation --------------------------------------------------------------------------
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Make ``dst`` the same file as ``src`` (hard link: no extra disk), atomically."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:  # file systems without hard links
+        tmp.unlink(missing_ok=True)
+        _atomic_write(dst, lambda f: f.write(src.read_bytes()))
+    _fsync_dir(dst.parent)
+
+
+class CheckpointManager:
+    """Keeps ``step_XXXXXXXX.pt`` for the last ``keep_last`` saves, plus ``last.pt`` (the
+    newest) and ``best.pt`` (best ``metric`` so far). ``last.pt``/``best.pt`` are hard links
+    to step files when the file system allows (copies otherwise), so they cost no disk and
+    load like any checkpoint. ``checkpoints.json`` remembers the best metric across resumes.
+
+    Args:
+        directory: folder of the checkpoints (created if needed).
+        keep_last: number of step files kept (>= 1).
+    """
+
+    def __init__(self, directory: str | Path, keep_last: int = 3) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self._index = self.directory / "checkpoints.json"
+        self.info: dict[str, Any] = json.loads(self._index.read_text()) if self._index.is_file() else {}
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / f"step_{step:08d}.pt"
+
+    def save(self, state: Mapping[str, Any], step: int, metric: float | None = None, mode: str = "max") -> Path:
+        """Save ``state`` as the checkpoint of update ``step``; update ``last.pt``, and
+        ``best.pt`` when ``metric`` beats the best so far (higher for ``mode="max"``).
+
+        Returns:
+            The path of the step file.
+        """
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        path = self.step_path(step)
+        save_checkpoint(path, state)
+        _link_or_copy(path, self.directory / "last.pt")
+        self.info["last"] = {"step": step}
+        best = self.info.get("best")
+        if metric is not None and metric == metric:  # NaN never wins
+            better = best is None or best.get("mode") != mode or (
+                metric > best["metric"] if mode == "max" else metric < best["metric"]
+            )
+            if better:
+                _link_or_copy(path, self.directory / "best.pt")
+                self.info["best"] = {"step": step, "metric": float(metric), "mode": mode}
+        _atomic_write(self._index, lambda f: f.write(json.dumps(self.info, indent=2).encode()))
+        self._prune()
+        return path
+
+    def _steps(self) -> list[tuple[int, Path]]:
+        found = [(int(m.group(1)), p) for p in self.directory.glob("step_*.pt") if (m := _STEP_RE.match(p.name))]
+        return sorted(found)
+
+    def _prune(self) -> None:
+        for _, p in self._steps()[: -self.keep_last]:
+            p.unlink(missing_ok=True)
+
+    def latest(self) -> Path | None:
+        """``last.pt`` if present, else the newest step file, else None."""
+        last = self.directory / "last.pt"
+        if last.is_file():
+            return last
+        steps = self._steps()
+        return steps[-1][1] if steps else None
+
+    def best(self) -> Path | None:
+        """``best.pt`` if a metric was ever given, else None."""
+        best = self.directory / "best.pt"
+        return best if best.is_file() else None
+
+
+# -- model states ----------------------------------------------------------------------
+def _strip_wrapper_prefix(state_dict: Mapping[str, Any], model_keys: set[str]) -> Mapping[str, Any]:
+    """Drop DDP's ``module.`` / torch.compile's ``_orig_mod.`` prefixes if the model lacks them."""
+    for prefix in ("module.", "_orig_mod."):
+        if state_dict and all(k.startswith(prefix) for k in state_dict) and not any(k.startswith(prefix) for k in model_keys):
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
+def _listing(items: list[str], n: int = 5) -> str:
+    shown = ", ".join(items[:n])
+    return shown + (f", ... ({len(items) - n} more)" if len(items) > n else "")
+
+
+def load_model_state(model: nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+    """Load ``state_dict`` into ``model``, explaining any mismatch.
+
+    Args:
+        model: the freshly built model.
+        state_dict: parameters and buffers, e.g. ``load_checkpoint(p)["model"]``.
+        strict: raise on any mismatch; with False, load what matches and skip
+            missing, unexpected and wrongly shaped entries.
+
+    Raises:
+        TkError: (strict) missing keys, unexpected keys or shape mismatches, the first few
+            of each with counts.
+    """
+    own = model.state_dict()
+    state_dict = _strip_wrapper_prefix(state_dict, set(own))
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    shapes = sorted(
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in state_dict.items()
+        if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape
+    )
+    if strict and (missing or unexpected or shapes):
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing key(s): {_listing(missing)}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key(s): {_listing(unexpected)}")
+        if shapes:
+            parts.append(f"{len(shapes)} shape mismatch(es): {_listing(shapes)}")
+        raise TkError(
+            f"checkpoint does not fit {type(model).__name__}: " + "; ".join(parts) + ". The checkpoint "
+            "comes from another model or config: rebuild the model with the recipe it was trained with "
+            "(saved next to the checkpoint), or load with strict=False to skip these entries"
+        )
+    bad = {s.split(":")[0] for s in shapes}
+    model.load_state_dict({k: v for k, v in state_dict.items() if k not in bad}, strict=strict)
+
+
+def export_safetensors(
+    model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """Write weights to a ``.safetensors`` file (atomically).
+
+    safetensors refuses tensors that share memory (tied embeddings, views), so every
+    tensor whose storage was already seen, or that covers only part of its storage,
+    is cloned; non-tensor entries are skipped.
+    """
+    from safetensors.torch import save as st_save
+
+    sd = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
+    seen: set[tuple[str, int]] = set()
+    tensors = {}
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach()
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        partial = storage.nbytes() != t.numel() * t.element_size()
+        tensors[name] = t.clone().contiguous() if key in seen or partial or not t.is_contiguous() else t
+        seen.add(key)
+    blob = st_save(tensors, metadata=metadata)
+    _atomic_write(Path(path), lambda f: f.write(blob))
+
+
+def average_checkpoints(paths: Iterable[str | Path], key: str | None = "model") -> dict[str, torch.Tensor]:
+    """Average the model weights of several checkpoints (e.g. the last K), as the
+    Transformer paper does; integer/bool buffers (counters) come from the last one.
+
+    Args:
+        paths: checkpoint files written by :func:`save_checkpoint`, oldest first.
+        key: where the model state lives in each checkpoint (None: the checkpoint
+            itself is the state dict).
+
+    Returns:
+        The averaged state dict (floating tensors keep their dtype; summed in float64).
+
+    Raises:
+        TkError: no paths, a missing ``key``, or checkpoints with different keys/shapes.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TkError("average_checkpoints needs at least one checkpoint path")
+    total: dict[str, torch.Tensor] = {}
+    last: dict[str, torch.Tensor] = {}
+    for i, path in enumerate(paths):
+        ckpt = load_checkpoint(path)
+        if key is not None and key not in ckpt:
+            raise TkError(f"checkpoint {str(path)!r} has no {key!r} entry (keys: {sorted(ckpt)})")
+        sd = ckpt[key] if key is not None else ckpt
+        if i and (set(sd) != set(total) or any(sd[k].shape != total[k].shape for k in sd)):
+            raise TkError(f"checkpoint {str(path)!r} has other keys or shapes than {str(paths[0])!r}; average runs of one model only")
+        for k, v in sd.items():
+            total[k] = total[k] + v.double() if i else v.double()
+        last = sd
+    return {
+        k: (total[k] / len(paths)).to(v.dtype) if v.is_floating_point() else v.clone()
+        for k, v in last.items()
+    }
