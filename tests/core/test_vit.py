@@ -1,0 +1,123 @@
+"""Tests for tk.core.vit: timm parity, position-embedding resampling, DeiT heads, hooks."""
+
+import pytest
+import timm
+import torch
+
+from tk.core.optim import OptimConfig, param_groups
+from tk.core.vit import VisionTransformer, convert_timm_vit_state_dict, load_timm_vit
+
+
+def _tiny(**kw):
+    args = dict(img_size=32, patch_size=8, num_classes=5, dim=32, depth=2, num_heads=4)
+    args.update(kw)
+    return VisionTransformer(**args)
+
+
+def test_matches_timm_vit_logits():
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, num_classes=10).eval()
+    model = VisionTransformer(img_size=32, patch_size=4, num_classes=10, dim=192, depth=12, num_heads=3).eval()
+    load_timm_vit(model, ref)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_mean_pooling_matches_timm_avg_pool():
+    torch.manual_seed(1)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, num_classes=7,
+                            depth=2, global_pool="avg").eval()
+    sd = ref.state_dict()
+    assert "fc_norm.weight" in sd  # timm normalises after pooling; tk maps fc_norm -> norm
+    model = VisionTransformer(img_size=32, patch_size=8, num_classes=7, dim=192, depth=2, num_heads=3,
+                              pooling="mean").eval()
+    load_timm_vit(model, sd)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_distilled_matches_timm_deit_and_returns_pair_in_training():
+    torch.manual_seed(2)
+    ref = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                            num_classes=6, depth=2).eval()
+    model = VisionTransformer(img_size=32, patch_size=8, num_classes=6, dim=192, depth=2, num_heads=3,
+                              distilled=True).eval()
+    load_timm_vit(model, ref)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-5)
+        model.train()
+        cls_logits, dist_logits = model(x)  # no dropout/drop-path: same numbers as eval
+        torch.testing.assert_close((cls_logits + dist_logits) / 2, ref(x), atol=1e-5, rtol=1e-5)
+    assert model.no_weight_decay() >= {"pos_embed", "cls_token", "dist_token"}
+
+
+def test_pos_embed_resampling_keeps_prefix_tokens():
+    torch.manual_seed(3)
+    model = _tiny(distilled=True).eval()
+    old = model.pos_embed.detach().clone()  # (1, 2 + 16, D)
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        on_the_fly = model(x)  # resampled per call for a 6x6 grid
+    model.set_img_size(48)
+    assert model.pos_embed.shape == (1, 2 + 36, 32)
+    assert torch.equal(model.pos_embed[:, :2], old[:, :2])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), on_the_fly)
+    # a constant grid stays constant under bicubic resampling
+    const = _tiny()
+    with torch.no_grad():
+        const.pos_embed[:, 1:] = 0.5
+    const.set_img_size(64)
+    torch.testing.assert_close(const.pos_embed[:, 1:], torch.full((1, 64, 32), 0.5))
+
+
+def test_load_timm_resamples_pos_embed_for_another_size():
+    torch.manual_seed(4)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, num_classes=3, depth=1)
+    model = VisionTransformer(img_size=64, patch_size=8, num_classes=3, dim=192, depth=1, num_heads=3)
+    load_timm_vit(model, ref)
+    assert model.pos_embed.shape == (1, 1 + 64, 192)
+    torch.testing.assert_close(model.pos_embed[:, :1], ref.pos_embed[:, :1])
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"dim \(30\) must be divisible by num_heads \(4\)"):
+        _tiny(dim=30)
+    with pytest.raises(ValueError, match=r"img_size \(30\) must be divisible by patch_size \(8\)"):
+        _tiny(img_size=30)
+    with pytest.raises(ValueError, match="pooling"):
+        _tiny(pooling="max")
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, num_classes=10, depth=2)
+    model = VisionTransformer(img_size=32, patch_size=8, num_classes=5, dim=192, depth=2, num_heads=3)
+    with pytest.raises(ValueError, match=r"'head.weight'.*\(10, 192\).*\(5, 192\)"):
+        load_timm_vit(model, ref)
+    with pytest.raises(ValueError, match="missing"):
+        load_timm_vit(VisionTransformer(img_size=32, patch_size=8, num_classes=10, dim=192, depth=3, num_heads=3), ref)
+    reg = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1, reg_tokens=2)
+    with pytest.raises(ValueError, match="reg_token"):
+        convert_timm_vit_state_dict(reg.state_dict())
+
+
+def test_grad_checkpointing_gives_same_gradients():
+    torch.manual_seed(5)
+    model = _tiny()
+    x = torch.randn(2, 3, 32, 32)
+    model(x).sum().backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[n], msg=n)
+
+
+def test_drop_path_schedule_and_no_decay_groups():
+    model = _tiny(depth=3, drop_path_rate=0.2)
+    assert [b.drop_path1.p for b in model.blocks] == pytest.approx([0.0, 0.1, 0.2])
+    groups = param_groups(model, OptimConfig(weight_decay=0.05))
+    no_decay = {n for g in groups if g["weight_decay"] == 0.0 for n in g["param_names"]}
+    assert {"pos_embed", "cls_token", "norm.weight", "head.bias"} <= no_decay
+    assert "blocks.0.attn.qkv.weight" not in no_decay
