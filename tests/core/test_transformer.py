@@ -1,0 +1,192 @@
+"""Tests for tk.core.transformer: stacks and the seq2seq model match nn.Transformer with
+copied weights; no leakage; KV-cached decoding equals full recomputation (with reorder)."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from tk.core.masks import causal_mask
+from tk.core.pos_embed import sinusoidal_table
+from tk.core.transformer import DecoderOnlyLM, EncoderDecoder, TransformerDecoder, TransformerEncoder
+from tests.core.test_blocks import _randomise_norms, copy_decoder_layer, copy_encoder_layer, copy_linear_norm
+
+D, H, FF = 16, 4, 32
+
+
+def make_torch_transformer(norm_first: bool) -> nn.Transformer:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested-tensor notice for norm_first
+        ref = nn.Transformer(D, H, 2, 2, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+    _randomise_norms(ref)
+    return ref.eval()
+
+
+@torch.no_grad()
+def copy_transformer(encoder: TransformerEncoder, decoder: TransformerDecoder, ref: nn.Transformer) -> None:
+    for ours, theirs in zip(encoder.layers, ref.encoder.layers):
+        copy_encoder_layer(ours, theirs)
+    for ours, theirs in zip(decoder.layers, ref.decoder.layers):
+        copy_decoder_layer(ours, theirs)
+    copy_linear_norm(encoder.norm, ref.encoder.norm)
+    copy_linear_norm(decoder.norm, ref.decoder.norm)
+
+
+def _masks():
+    src_kpm = torch.tensor([[False] * 7, [False] * 4 + [True] * 3])
+    tgt_kpm = torch.tensor([[False] * 3 + [True] * 2, [False] * 5])
+    return src_kpm, tgt_kpm
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_stacks_match_nn_transformer(norm_first):
+    torch.manual_seed(0)
+    ref = make_torch_transformer(norm_first)
+    enc = TransformerEncoder(D, 2, H, hidden_dim=FF, dropout=0.0, norm_first=norm_first, final_norm=True).eval()
+    dec = TransformerDecoder(D, 2, H, hidden_dim=FF, dropout=0.0, norm_first=norm_first, final_norm=True).eval()
+    copy_transformer(enc, dec, ref)
+    src, tgt = torch.randn(2, 7, D), torch.randn(2, 5, D)
+    src_kpm, tgt_kpm = _masks()
+    expected = ref(
+        src, tgt, tgt_mask=causal_mask(5), src_key_padding_mask=src_kpm, tgt_key_padding_mask=tgt_kpm,
+        memory_key_padding_mask=src_kpm, tgt_is_causal=True,
+    )
+    memory = enc(src, key_padding_mask=src_kpm)
+    out = dec(tgt, memory, key_padding_mask=tgt_kpm, memory_key_padding_mask=src_kpm)
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def small_seq2seq(**kw) -> EncoderDecoder:
+    args = dict(encoder_depth=2, decoder_depth=2, num_heads=H, hidden_dim=FF, dropout=0.0, pad_id=0)
+    args.update(kw)
+    return EncoderDecoder(11, 13, D, **args).eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_decoder_matches_nn_transformer(norm_first):
+    torch.manual_seed(1)
+    ref = make_torch_transformer(norm_first)
+    model = small_seq2seq(norm_first=norm_first, final_norm=True)
+    copy_transformer(model.encoder, model.decoder, ref)
+    src = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 6, 0, 0, 0]])
+    tgt = torch.tensor([[1, 2, 3, 0, 0], [1, 5, 6, 7, 8]])
+    src_kpm, tgt_kpm = src.eq(0), tgt.eq(0)
+    # The paper's input: embedding * sqrt(D) + sinusoidal encoding, written out by hand.
+    src_x = model.src_embed.weight[src] * math.sqrt(D) + sinusoidal_table(7, D)
+    tgt_x = model.tgt_embed.weight[tgt] * math.sqrt(D) + sinusoidal_table(5, D)
+    hidden = ref(
+        src_x, tgt_x, tgt_mask=causal_mask(5), src_key_padding_mask=src_kpm, tgt_key_padding_mask=tgt_kpm,
+        memory_key_padding_mask=src_kpm, tgt_is_causal=True,
+    )
+    expected = hidden @ model.tgt_embed.weight.T  # tied output projection
+    assert torch.allclose(model(src, tgt), expected, atol=1e-5)
+
+
+def test_tying_and_sharing():
+    m = small_seq2seq()
+    assert m.lm_head.weight is m.tgt_embed.weight and m.src_embed is not m.tgt_embed
+    shared = EncoderDecoder(13, 13, D, encoder_depth=1, decoder_depth=1, num_heads=H, share_embeddings=True)
+    assert shared.src_embed is shared.tgt_embed is not None and shared.lm_head.weight is shared.src_embed.weight
+    untied = small_seq2seq(tie_output=False)
+    assert untied.lm_head.weight is not untied.tgt_embed.weight
+    with pytest.raises(ValueError, match=r"src_vocab_size \(11\) and tgt_vocab_size \(13\)"):
+        EncoderDecoder(11, 13, D, num_heads=H, share_embeddings=True)
+    lm = DecoderOnlyLM(17, D, 1, H)
+    assert lm.lm_head.weight is lm.tok_embed.weight
+    assert DecoderOnlyLM(17, D, 1, H, tie_embeddings=False).lm_head.weight is not None
+
+
+def test_seq2seq_no_leakage():
+    torch.manual_seed(2)
+    model = small_seq2seq()
+    src = torch.tensor([[3, 4, 5, 0, 0]])
+    tgt = torch.tensor([[1, 6, 7, 8, 9, 10]])
+    base = model(src, tgt)
+    for t in range(5):
+        tgt2 = tgt.clone()
+        tgt2[0, t + 1] = 12
+        assert torch.allclose(model(src, tgt2)[:, : t + 1], base[:, : t + 1], atol=1e-5)
+    # Changing PAD source tokens (with the mask given explicitly) leaves everything unchanged.
+    src2 = torch.tensor([[3, 4, 5, 9, 10]])
+    assert torch.allclose(model(src2, tgt, src_key_padding_mask=src.eq(0)), base, atol=1e-5)
+
+
+def test_lm_no_leakage_and_padding():
+    torch.manual_seed(3)
+    lm = DecoderOnlyLM(17, D, 2, H).eval()
+    tokens = torch.randint(1, 17, (1, 8))
+    base = lm(tokens)
+    for t in range(7):
+        tok2 = tokens.clone()
+        tok2[0, t + 1] = (tok2[0, t + 1] % 16) + 1
+        assert torch.allclose(lm(tok2)[:, : t + 1], base[:, : t + 1], atol=1e-5)
+    kpm = torch.zeros(1, 8, dtype=torch.bool)
+    kpm[0, :3] = True  # left padding
+    out = lm(tokens, key_padding_mask=kpm)
+    tok3 = tokens.clone()
+    tok3[0, :3] = 5
+    out3 = lm(tok3, key_padding_mask=kpm)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out[:, 3:], out3[:, 3:], atol=1e-5)
+
+
+def test_too_long_sequence_raises():
+    lm = DecoderOnlyLM(17, D, 1, H, max_len=8)
+    with pytest.raises(ValueError, match=r"sequence length \(9\) exceeds max_len \(8\)"):
+        lm(torch.ones(1, 9, dtype=torch.long))
+    assert DecoderOnlyLM(17, D, 1, H, max_len=8, pos_encoding="sinusoidal")(torch.ones(1, 9, dtype=torch.long)).shape == (1, 9, 17)
+    with pytest.raises(ValueError, match="pos_encoding"):
+        DecoderOnlyLM(17, D, 1, H, pos_encoding="alibi")
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(pos_encoding="sinusoidal", norm_first=False), dict(pos_encoding="rotary", num_kv_heads=1)]
+)
+def test_lm_cached_decoding_matches_full_with_reorder(kw):
+    torch.manual_seed(4)
+    lm = DecoderOnlyLM(17, D, 2, H, max_len=32, **kw).eval()
+    tokens = torch.randint(1, 17, (3, 9))
+    idx = torch.tensor([1, 1, 0])
+    with torch.no_grad():
+        cache = lm.init_cache(3, max_len=4)  # small: exercises buffer growth
+        steps = [lm.decode_step(tokens[:, :3], cache)]  # prefill
+        steps += [lm.decode_step(tokens[:, t : t + 1], cache) for t in range(3, 6)]
+        assert torch.allclose(torch.cat(steps, 1), lm(tokens[:, :6]), atol=1e-5)
+        lm.reorder_cache(cache, idx)
+        hist = torch.cat([tokens[idx, :6], tokens[:, 6:]], dim=1)  # reordered history + new tokens
+        after = [lm.decode_step(hist[:, t : t + 1], cache) for t in range(6, 9)]
+        assert torch.allclose(torch.cat(after, 1), lm(hist)[:, 6:], atol=1e-5)
+    with pytest.raises(ValueError, match="batch size 2 but the cache holds 3"):
+        lm.decode_step(tokens[:2, :1], cache)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(norm_first=True, pos_encoding="learned", num_kv_heads=2)])
+def test_seq2seq_cached_decoding_matches_full_with_reorder(kw):
+    torch.manual_seed(5)
+    model = small_seq2seq(**kw)
+    src = torch.tensor([[3, 4, 5, 6, 7], [3, 4, 0, 0, 0], [8, 9, 10, 0, 0]])
+    tgt = torch.randint(1, 13, (3, 7))
+    mem_kpm = model.src_padding_mask(src)
+    idx = torch.tensor([2, 0, 0])
+    with torch.no_grad():
+        memory = model.encode(src)
+        cache = model.init_cache(3, max_len=8)
+        steps = [model.decode_step(tgt[:, t : t + 1], memory, mem_kpm, cache) for t in range(4)]
+        assert torch.allclose(torch.cat(steps, 1), model(src, tgt[:, :4]), atol=1e-5)
+        model.reorder_cache(cache, idx)
+        hist = torch.cat([tgt[idx, :4], tgt[:, 4:]], dim=1)
+        # memory is no longer needed: the cross-attention k/v are cached (and reordered)
+        after = [model.decode_step(hist[:, t : t + 1], None, mem_kpm[idx], cache) for t in range(4, 7)]
+        assert torch.allclose(torch.cat(after, 1), model(src[idx], hist)[:, 4:], atol=1e-5)
+
+
+def test_seq2seq_backward_finite():
+    torch.manual_seed(6)
+    model = small_seq2seq(dropout=0.1, drop_path_rate=0.1).train()
+    src = torch.tensor([[3, 4, 5, 0], [0, 0, 0, 0]])  # second source is all padding
+    logits = model(src, torch.tensor([[1, 2, 3], [1, 4, 0]]))
+    logits.logsumexp(-1).sum().backward()
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
