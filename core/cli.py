@@ -169,13 +169,14 @@ def prepare_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
 def run_cmd(recipe: str, overrides: tuple[str, ...], resume: bool, overwrite: bool) -> None:
     """Train a recipe: a file path or a built-in recipe name, plus key.sub=value overrides."""
     from tk.core.config import load_config
-    from tk.core.train import Trainer
+    from tk.core.train import Trainer, preflight
 
     cfg, task_cls = load_config(recipe, list(overrides))
+    preflight(cfg)  # device and precision problems, before anything is written
     run_dir = prepare_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
     if not resume:
         (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-    click.echo(f"run dir: {run_dir}", err=True)
+    click.echo(f"run dir: {run_dir}")
     trainer = Trainer(cfg, task_cls, run_dir)
     if resume:
         trainer.resume()

@@ -88,7 +88,8 @@ def make_distribution(site: Path, dist: str, package: str, source: str, entry_po
     """Write an installed-looking distribution (package + ``*.dist-info``) into ``site``."""
     (site / package).mkdir(parents=True, exist_ok=True)
     (site / package / "__init__.py").write_text(source)
-    info = site / f"{dist}-0.1.dist-info"
+    # wheel naming: the folder name escapes "-" (importlib.metadata reads the name from it)
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
     lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
@@ -117,3 +118,12 @@ def _seed_everything():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
