@@ -1,0 +1,30 @@
+"""The README's promises: its first two commands are what CI runs, and every
+`tk <command>` it shows exists."""
+
+import re
+from pathlib import Path
+
+from tk.core.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def first_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_first_two_commands_install_run_and_test():
+    install, tests = first_commands()[:2]
+    assert 'pip install -e ".[test]"' in install and install.endswith("tk run quickstart")
+    assert tests == "python -m pytest -q"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -q -e ".[test]"' in ci and "tk run quickstart" in ci and "python -m pytest -q" in ci
+
+
+def test_every_tk_command_shown_exists():
+    text = (ROOT / "README.md").read_text()
+    shown = set(re.findall(r"^tk ([a-z]+)", text, re.M))
+    missing = sorted(c for c in shown if c not in cli.commands)
+    assert not missing, f"README shows tk commands that do not exist: {missing}"
