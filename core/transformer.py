@@ -220,8 +220,8 @@ class EncoderDecoder(nn.Module):
                 after each stack (default ``norm_first``).
             max_len: positions in the table ("learned" raises beyond it; "sinusoidal" and
                 "rotary" extrapolate). pos_encoding: "sinusoidal" | "learned" | "rotary".
-            pad_id: padding id: its embedding row is zero, and masks are derived from it
-                when not given.
+            pad_id: padding id: its embedding row is zero, and the source padding mask is
+                derived from it when not given.
             share_embeddings: one embedding for source and target (needs equal vocabularies).
             tie_output: ``lm_head.weight`` is the target embedding weight.
             num_kv_heads: grouped-query attention. drop_path_rate: stochastic depth.
@@ -283,9 +283,12 @@ class EncoderDecoder(nn.Module):
         self, tgt: Tensor, memory: Tensor, memory_padding_mask: Tensor | None = None,
         tgt_key_padding_mask: Tensor | None = None,
     ) -> Tensor:
-        """Full (teacher-forced) causal decoding of ``tgt`` (B, Tt) -> logits (B, Tt, V)."""
-        if tgt_key_padding_mask is None and self.pad_id is not None:
-            tgt_key_padding_mask = padding_mask(tgt, self.pad_id)
+        """Full (teacher-forced) causal decoding of ``tgt`` (B, Tt) -> logits (B, Tt, V).
+
+        ``tgt_key_padding_mask`` is NOT derived from ``pad_id``: with right-padded targets
+        the causal mask already hides every later PAD from real tokens, and leaving it out
+        keeps the fast ``is_causal`` attention kernels. Pass it for left-padded targets.
+        """
         x = self._embed(tgt, self.tgt_embed, self.tgt_pos, 0)
         x = self.decoder(
             x, memory, key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_padding_mask,
@@ -299,8 +302,8 @@ class EncoderDecoder(nn.Module):
     ) -> Tensor:
         """Args:
             src: (B, Ts) source ids. tgt: (B, Tt) target input ids (shifted right).
-            src_key_padding_mask / tgt_key_padding_mask: bool, True at padding; default
-                from ``pad_id``.
+            src_key_padding_mask: (B, Ts) bool, True at padding; default from ``pad_id``.
+            tgt_key_padding_mask: (B, Tt) bool; default None (see :meth:`decode`).
 
         Returns:
             logits (B, Tt, V_tgt).
@@ -331,7 +334,8 @@ class EncoderDecoder(nn.Module):
                 ``repeat_interleave(beam, 0)``, before the first step).
             memory_padding_mask: (B, Ts) bool source padding, rows matching ``memory``.
             cache: from :meth:`init_cache`.
-            pos_offset: position of ``tokens_new[:, 0]``; default ``cache.length``.
+            pos_offset: position of ``tokens_new[:, 0]`` for the learned/sinusoidal table;
+                default ``cache.length``. Rotary embeddings always use ``cache.length``.
 
         Returns:
             logits (B, Tn, V_tgt) for the new positions.
@@ -391,7 +395,7 @@ class DecoderOnlyLM(nn.Module):
             activation / norm_first / norm / norm_eps / bias / num_kv_heads: layer options.
             pos_encoding: "learned" | "sinusoidal" | "rotary".
             tie_embeddings: ``lm_head.weight`` is the token embedding weight.
-            pad_id: padding id (zero embedding row; key padding mask derived from it).
+            pad_id: padding id (its embedding row starts at zero and gets no gradient).
             drop_path_rate: stochastic depth of the last layer.
         """
         super().__init__()
@@ -434,13 +438,13 @@ class DecoderOnlyLM(nn.Module):
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         """Args:
             tokens: (B, T) ids.
-            key_padding_mask: (B, T) bool, True at padding; default from ``pad_id``.
+            key_padding_mask: (B, T) bool, True at padding. Not derived from ``pad_id``:
+                right padding needs no mask under causal attention (and without one the
+                fast ``is_causal`` kernels run); pass it for left padding.
 
         Returns:
             logits (B, T, V); position t sees tokens 0..t only.
         """
-        if key_padding_mask is None and self.pad_id is not None:
-            key_padding_mask = padding_mask(tokens, self.pad_id)
         return self._run(tokens, 0, key_padding_mask, None)
 
     def init_cache(self, batch: int, max_len: int | None = None) -> DecoderCache:
@@ -456,7 +460,8 @@ class DecoderOnlyLM(nn.Module):
         Args:
             tokens_new: (B, Tn) ids at positions ``pos_offset .. pos_offset + Tn - 1``.
             cache: from :meth:`init_cache`.
-            pos_offset: position of ``tokens_new[:, 0]``; default ``cache.length``.
+            pos_offset: position of ``tokens_new[:, 0]`` for the learned/sinusoidal table;
+                default ``cache.length``. Rotary embeddings always use ``cache.length``.
             key_padding_mask: (B, cache.length + Tn) bool over ALL keys (cached + new), True
                 at padding, e.g. for left-padded prompts. Not derived from ``pad_id`` here.
 

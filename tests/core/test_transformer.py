@@ -81,7 +81,17 @@ def test_encoder_decoder_matches_nn_transformer(norm_first):
         memory_key_padding_mask=src_kpm, tgt_is_causal=True,
     )
     expected = hidden @ model.tgt_embed.weight.T  # tied output projection
-    assert torch.allclose(model(src, tgt), expected, atol=1e-5)
+    assert torch.allclose(model(src, tgt, tgt_key_padding_mask=tgt_kpm), expected, atol=1e-5)
+    # Without a target mask (the default, fast path) only PAD target positions may differ.
+    assert torch.allclose(model(src, tgt)[~tgt_kpm], expected[~tgt_kpm], atol=1e-5)
+
+
+def test_source_padding_mask_derived_from_pad_id():
+    torch.manual_seed(7)
+    model = small_seq2seq()
+    src, tgt = torch.tensor([[3, 4, 5, 0, 0]]), torch.tensor([[1, 6, 7]])
+    assert torch.allclose(model(src, tgt), model(src, tgt, src_key_padding_mask=src.eq(0)), atol=1e-6)
+    assert not torch.allclose(model(src, tgt), model(src, tgt, src_key_padding_mask=torch.zeros(1, 5, dtype=torch.bool)))
 
 
 def test_tying_and_sharing():
