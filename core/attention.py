@@ -314,7 +314,8 @@ class MultiHeadAttention(nn.Module):
                 q, k, v = self.qkv(x).split([self.dim, kv_dim, kv_dim], dim=-1)
             else:
                 q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+            q = self._heads(q, self.num_heads)
+            k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
             if self.rotary is not None:
                 offset = 0 if cache is None else cache.length
                 q, k = self.rotary(q, offset), self.rotary(k, offset)

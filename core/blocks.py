@@ -117,7 +117,9 @@ class EncoderLayer(_Sublayers):
         causal = self.default_causal if is_causal is None else is_causal
         x = self._residual(
             x,
-            lambda h: self.self_attn(h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=causal, cache=cache),
+            lambda h: self.self_attn(
+                h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=causal, cache=cache
+            ),
             self.norm1,
         )
         return self._residual(x, self.mlp, self.norm2)

@@ -19,7 +19,7 @@ def _check_bool(mask: Tensor, name: str) -> None:
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
-        raise TypeError(
+        raise ValueError(
             f"{name} must be a bool tensor (True = masked), got dtype {mask.dtype}; "
             "convert a 0/1 mask with `.bool()` or an additive float mask with "
             "`tk.core.masks.from_additive(mask)`"
@@ -90,9 +90,9 @@ def merge_masks(
         broadcast), or None when both inputs are None.
 
     Raises:
-        TypeError: if a mask is not a bool tensor.
-        ValueError: if a shape is not one of the above or disagrees with ``tq``/``tk`` or
-            with the other mask.
+        TypeError: if a mask is not a tensor.
+        ValueError: if a mask is not bool, or a shape is not one of the above or disagrees
+            with ``tq``/``tk`` or with the other mask.
     """
     out = None
     if attn_mask is not None:
@@ -150,13 +150,13 @@ def to_additive(mask: Tensor | None, dtype: torch.dtype = torch.float32) -> Tens
         Float mask of the same shape (0 where allowed, finfo.min where masked), or None.
 
     Raises:
-        TypeError: if ``mask`` is not bool or ``dtype`` is not floating point.
+        ValueError: if ``mask`` is not bool or ``dtype`` is not floating point.
     """
     if mask is None:
         return None
     _check_bool(mask, "mask")
     if not dtype.is_floating_point:
-        raise TypeError(f"to_additive needs a floating dtype, got {dtype}")
+        raise ValueError(f"to_additive needs a floating dtype, got {dtype}")
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return out.masked_fill_(mask, torch.finfo(dtype).min)
 
@@ -174,14 +174,13 @@ def from_additive(mask: Tensor | None) -> Tensor | None:
         Bool mask of the same shape (True = masked), or None.
 
     Raises:
-        TypeError: if ``mask`` is not floating point.
-        ValueError: if it holds values other than 0 and "masked" (that is an attention bias,
-            not a mask, and cannot be represented as bool).
+        ValueError: if ``mask`` is not floating point, or holds values other than 0 and
+            "masked" (that is an attention bias, not a mask, and cannot be made bool).
     """
     if mask is None:
         return None
     if not mask.dtype.is_floating_point:
-        raise TypeError(f"from_additive needs a float mask, got dtype {mask.dtype}; a bool mask needs no conversion")
+        raise ValueError(f"from_additive needs a float mask, got dtype {mask.dtype}; a bool mask needs no conversion")
     masked = mask <= torch.finfo(mask.dtype).min / 2
     if not torch.all(masked | (mask == 0)):
         raise ValueError(

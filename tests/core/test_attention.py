@@ -103,7 +103,7 @@ def test_fused_matches_reference(case):
     torch.manual_seed(2)
     Hkv = 2 if case.startswith("gqa") else 4
     Tq = 3 if case == "causal_fewer_queries" else 6
-    q, k, v = _random_qkv(Hkv=Hkv, Tq=Tq)
+    q, k, v = _random_qkv(Hkv=Hkv, Tq=Tq, grad=True)
     mask = None
     if "padding" in case:
         mask = padding_mask(torch.tensor([[1, 2, 3, 4, 0, 0], [1, 2, 3, 4, 5, 6]]), 0)[:, None, None, :]
@@ -113,6 +113,26 @@ def test_fused_matches_reference(case):
     out_f, _ = scaled_dot_product_attention(q, k, v, mask, is_causal)
     out_r, _ = attention_reference(q, k, v, mask, is_causal)
     assert torch.allclose(out_f, out_r, atol=1e-5)
+    g = torch.randn_like(out_f)
+    grads_f = torch.autograd.grad(scaled_dot_product_attention(q, k, v, mask, is_causal)[0], (q, k, v), g)
+    grads_r = torch.autograd.grad(attention_reference(q, k, v, mask, is_causal)[0], (q, k, v), g)
+    for a, b in zip(grads_f, grads_r):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_pure_causal_uses_sdpa_is_causal(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal", False)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v = _random_qkv()
+    scaled_dot_product_attention(q, k, v, is_causal=True)
+    scaled_dot_product_attention(q[:, :, -1:], k, v, is_causal=True)  # one cached-decoding query
+    assert calls == [(None, True), (None, False)]  # no materialised mask in either case
 
 
 def test_causal_with_fewer_queries_is_bottom_right():

@@ -64,7 +64,9 @@ D, H, FF = 16, 4, 40
 @pytest.mark.parametrize("causal", [False, True])
 def test_encoder_layer_matches_torch(norm_first, activation, causal):
     torch.manual_seed(0)
-    ref = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first)
+    ref = nn.TransformerEncoderLayer(
+        D, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    )
     _randomise_norms(ref)
     ours = EncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first)
     copy_encoder_layer(ours, ref)
@@ -105,7 +107,8 @@ def test_decoder_layer_no_leakage():
     for t in range(5):
         tgt2 = tgt.clone()
         tgt2[:, t + 1] += 1.0
-        assert torch.allclose(layer(tgt2, mem, memory_key_padding_mask=mem_kpm)[:, : t + 1], base[:, : t + 1], atol=1e-6)
+        out = layer(tgt2, mem, memory_key_padding_mask=mem_kpm)
+        assert torch.allclose(out[:, : t + 1], base[:, : t + 1], atol=1e-6)
     mem2 = mem.clone()
     mem2[:, 2:] = torch.randn(2, D)  # padded memory positions
     assert torch.allclose(layer(tgt, mem2, memory_key_padding_mask=mem_kpm), base, atol=1e-6)

@@ -47,7 +47,7 @@ def test_merge_masks_shapes_and_values():
 
 
 def test_merge_masks_errors_name_shapes():
-    with pytest.raises(TypeError, match="bool tensor"):
+    with pytest.raises(ValueError, match="bool tensor.*got dtype torch.float32"):
         merge_masks(torch.zeros(3, 3))
     with pytest.raises(ValueError, match=r"got shape \(3,\)"):
         merge_masks(torch.zeros(3, dtype=torch.bool))
@@ -73,7 +73,7 @@ def test_additive_roundtrip_uses_finfo_min():
 def test_additive_errors():
     with pytest.raises(ValueError, match="attention bias"):
         from_additive(torch.tensor([0.0, -1.5]))
-    with pytest.raises(TypeError, match="float mask"):
+    with pytest.raises(ValueError, match="float mask"):
         from_additive(torch.tensor([True]))
-    with pytest.raises(TypeError, match="floating dtype"):
+    with pytest.raises(ValueError, match="floating dtype"):
         to_additive(torch.tensor([True]), torch.int32)

@@ -91,7 +91,8 @@ def test_source_padding_mask_derived_from_pad_id():
     model = small_seq2seq()
     src, tgt = torch.tensor([[3, 4, 5, 0, 0]]), torch.tensor([[1, 6, 7]])
     assert torch.allclose(model(src, tgt), model(src, tgt, src_key_padding_mask=src.eq(0)), atol=1e-6)
-    assert not torch.allclose(model(src, tgt), model(src, tgt, src_key_padding_mask=torch.zeros(1, 5, dtype=torch.bool)))
+    unmasked = model(src, tgt, src_key_padding_mask=torch.zeros(1, 5, dtype=torch.bool))
+    assert not torch.allclose(model(src, tgt), unmasked)
 
 
 def test_tying_and_sharing():
@@ -146,7 +147,8 @@ def test_too_long_sequence_raises():
     lm = DecoderOnlyLM(17, D, 1, H, max_len=8)
     with pytest.raises(ValueError, match=r"sequence length \(9\) exceeds max_len \(8\)"):
         lm(torch.ones(1, 9, dtype=torch.long))
-    assert DecoderOnlyLM(17, D, 1, H, max_len=8, pos_encoding="sinusoidal")(torch.ones(1, 9, dtype=torch.long)).shape == (1, 9, 17)
+    extrapolating = DecoderOnlyLM(17, D, 1, H, max_len=8, pos_encoding="sinusoidal")
+    assert extrapolating(torch.ones(1, 9, dtype=torch.long)).shape == (1, 9, 17)
     with pytest.raises(ValueError, match="pos_encoding"):
         DecoderOnlyLM(17, D, 1, H, pos_encoding="alibi")
 
