@@ -1,4 +1,4 @@
-"""The ``tk`` command line: run, list, config, validate, predict.
+"""The ``tk`` command line: run, list, config, validate, summary, eval, average, predict.
 
 Exit codes: 0 success; 2 usage or config error (one line, nothing on disk touched);
 1 failure during a run (one line; the full traceback with ``--debug``).
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import traceback
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import click
 
 import tk
 from tk.core.errors import TkError
+from tk.core.launch import prepare_run_dir  # noqa: F401  (re-exported: the CLI's run-dir rules)
 
 DEBUG_ENV = "TK_DEBUG"
 
@@ -68,6 +68,8 @@ def cli() -> None:
     \b
     tk run quickstart                       # a built-in recipe by name
     tk run recipes/vit_cifar.yaml train.max_steps=100 optim.lr=1e-3
+    tk run quickstart --nproc-per-node 2    # two processes (DDP)
+    tk eval runs/quickstart --split test    # metrics of the best checkpoint
     tk list                                 # tasks and built-in recipes
     """
 
@@ -131,58 +133,103 @@ def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"{cfg.source}: ok (task {cfg.task})")
 
 
-def prepare_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
-    """Make sure a run never silently overwrites a previous one.
-
-    Raises:
-        TkError: the dir holds files and neither flag is given; or --overwrite would
-            delete a folder that is not a tk run dir.
-    """
-    run_dir = Path(output_dir)
-    if resume and overwrite:
-        raise TkError("--resume and --overwrite exclude each other; pick one")
-    occupied = run_dir.exists() and any(run_dir.iterdir())
-    if run_dir.exists() and not run_dir.is_dir():
-        raise TkError(f"output_dir {str(run_dir)!r} is a file, not a directory; choose another output_dir=...")
-    if resume:
-        if not occupied:
-            raise TkError(f"--resume: {str(run_dir)!r} holds no previous run; drop --resume to start one")
-        return run_dir
-    if occupied and not overwrite:
-        raise TkError(f"output_dir {str(run_dir)!r} is not empty (a previous run?); pass --resume to "
-                      f"continue it, --overwrite to replace it, or set output_dir=<new dir>")
-    if occupied and overwrite:
-        if not (run_dir / "config.yaml").exists():
-            raise TkError(f"--overwrite: {str(run_dir)!r} does not look like a tk run dir (no config.yaml); "
-                          f"refusing to delete it, choose another output_dir=...")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
 @cli.command("run")
 @recipe_argument
 @overrides_argument
 @click.option("--resume", is_flag=True, help="Continue the run in output_dir from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Delete a previous run in output_dir first.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Train in N processes on this machine (DDP through torchrun; one per GPU).")
 @debug_option
-def run_cmd(recipe: str, overrides: tuple[str, ...], resume: bool, overwrite: bool) -> None:
-    """Train a recipe: a file path or a built-in recipe name, plus key.sub=value overrides."""
+@click.pass_context
+def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume: bool, overwrite: bool,
+            nproc_per_node: int | None) -> None:
+    """Train a recipe: a file path or a built-in recipe name, plus key.sub=value overrides.
+
+    SIGINT (Ctrl-C) or SIGTERM stops after the current update and saves a checkpoint
+    (exit code 130 / 143); `--resume` continues exactly where it stopped.
+    """
+    from tk.core.launch import check_run_dir, launch, run_training
+    from tk.core.train import TrainingInterrupted
+
+    if nproc_per_node and nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        from tk.core.config import load_config
+
+        cfg, _ = load_config(recipe, list(overrides))  # config problems: exit 2 before launching
+        check_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
+        flags = ["--resume"] * resume + ["--overwrite"] * overwrite + ["--debug"] * _debug_requested(ctx)
+        ctx.exit(launch(nproc_per_node, ["run", recipe, *overrides, *flags]))
+    main = int(os.environ.get("RANK", "0")) == 0
+    try:
+        results = run_training(recipe, list(overrides), resume=resume, overwrite=overwrite,
+                               echo=click.echo if main else (lambda _m: None))
+    except TrainingInterrupted as e:
+        if main:
+            click.echo(str(e), err=True)
+        ctx.exit(128 + e.signum)
+    if main:
+        shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
+        click.echo(f"done: {shown}" if results else "done: the run had already reached its last step")
+
+
+@cli.command("summary")
+@recipe_argument
+@overrides_argument
+@debug_option
+def summary_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
+    """Print every module's output shape on one training batch, with parameter counts
+    and the activation memory of that batch (no training, nothing written)."""
     from tk.core.config import load_config
-    from tk.core.train import Trainer, preflight
+    from tk.core.summary import recipe_summary
 
     cfg, task_cls = load_config(recipe, list(overrides))
-    preflight(cfg)  # device and precision problems, before anything is written
-    run_dir = prepare_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
-    if not resume:
-        (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-    click.echo(f"run dir: {run_dir}")
-    trainer = Trainer(cfg, task_cls, run_dir)
-    if resume:
-        trainer.resume()
-    results = trainer.fit()
-    shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
-    click.echo(f"done: {shown}")
+    click.echo(recipe_summary(cfg, task_cls))
+
+
+@cli.command("eval")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@overrides_argument
+@click.option("--checkpoint", default="best", show_default=True, help="best, last, or a checkpoint path.")
+@click.option("--split", default="val", show_default=True, help="The split to evaluate (val, test).")
+@click.option("--ema", is_flag=True, help="Evaluate the EMA weights (runs with train.ema_decay).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@debug_option
+def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: str, ema: bool, as_json: bool) -> None:
+    """Evaluate a run's checkpoint on a split: the task is rebuilt from the run's saved
+    config (plus key.sub=value overrides, e.g. train.eval_batch_size=256)."""
+    from tk.core.inference import evaluate_run
+
+    report = evaluate_run(run_dir, checkpoint=checkpoint, split=split, overrides=list(overrides), ema=ema)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(f"{report['checkpoint']} (step {report['step']}, {split}{', EMA weights' if ema else ''}):")
+    for key, value in report["metrics"].items():
+        click.echo(f"  {key:<20} {value:.4f}")
+
+
+@cli.command("average")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--last", "last_k", type=click.IntRange(min=1), default=5, show_default=True,
+              help="How many of the newest step checkpoints to average.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The .safetensors file to write.")
+@debug_option
+def average_cmd(run_dir: str, last_k: int, output: str) -> None:
+    """Average the model weights of a run's last K step checkpoints (the Transformer
+    paper's checkpoint averaging) into a safetensors file."""
+    from tk.core.checkpoint import average_checkpoints, export_safetensors
+    from tk.core.inference import step_checkpoints
+
+    steps = step_checkpoints(Path(run_dir))
+    if len(steps) < last_k:
+        raise TkError(f"--last {last_k}: {run_dir} holds {len(steps)} step checkpoint(s) "
+                      f"({', '.join(str(s) for s, _ in steps) or 'none'}); lower --last, or train with "
+                      f"train.keep_last>={last_k} and train.save_every=N")
+    chosen = steps[-last_k:]
+    export_safetensors(average_checkpoints([p for _, p in chosen]), output,
+                       metadata={"averaged_steps": ",".join(str(s) for s, _ in chosen)})
+    click.echo(f"averaged steps {', '.join(str(s) for s, _ in chosen)} -> {output}")
 
 
 @cli.command("predict")

@@ -48,6 +48,12 @@ class TrainConfig:
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
     progress: bool = True  # show a progress bar
     max_bad_steps: int = 5  # consecutive non-finite steps before the run stops
+    ema_decay: float | None = None  # EMA of the weights (e.g. 0.9999), evaluated as val_ema/*; None = off
+    ema_warmup_steps: int = 0  # EMA decay warmup: decay of update n is min(ema_decay, (1+n)/(W+n)); 0 = off
+    grad_checkpointing: bool = False  # recompute block activations in backward (needs model.set_grad_checkpointing)
+    overfit_batches: int | None = None  # sanity mode: train on these N fixed batches only; None = off
+    early_stopping_patience: int | None = None  # stop after N evaluations without a better best_metric
+    compile: bool = False  # torch.compile the model for training (evaluation stays eager)
 
 
 @dataclass
@@ -406,7 +412,8 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
     positive = {"train.batch_size": t.batch_size, "train.grad_accum": t.grad_accum,
                 "train.log_every": t.log_every, "train.keep_last": t.keep_last,
                 "train.max_bad_steps": t.max_bad_steps}
-    for name in ("eval_batch_size", "eval_every", "save_every", "max_steps"):
+    for name in ("eval_batch_size", "eval_every", "save_every", "max_steps", "overfit_batches",
+                 "early_stopping_patience"):
         if getattr(t, name) is not None:
             positive[f"train.{name}"] = getattr(t, name)
     if t.max_steps is None:
@@ -418,4 +425,8 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
         problems.append(f"train.num_workers: must be >= 0, got {t.num_workers}")
     if t.clip_grad_norm is not None and t.clip_grad_norm <= 0:
         problems.append(f"train.clip_grad_norm: must be > 0 (or null for no clipping), got {t.clip_grad_norm}")
+    if t.ema_decay is not None and not 0.0 <= t.ema_decay < 1.0:
+        problems.append(f"train.ema_decay: must be in [0, 1) (or null for no EMA), got {t.ema_decay}")
+    if t.ema_warmup_steps < 0:
+        problems.append(f"train.ema_warmup_steps: must be >= 0, got {t.ema_warmup_steps}")
     return problems

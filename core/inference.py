@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
 from tk.core.errors import TkError
 from tk.core.task import Task
+
+__all__ = ["resolve_checkpoint", "step_checkpoints", "load_run", "evaluate_run"]
+
+_STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 
 
 def resolve_checkpoint(run_dir: Path, checkpoint: str) -> Path:
@@ -23,18 +29,21 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str) -> Path:
     return path
 
 
-def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str] = ()) -> tuple[Task, nn.Module]:
-    """The task and model of a finished (or interrupted) run, model in eval mode.
-
-    Args:
-        run_dir: a directory written by ``tk run`` (holds ``config.yaml``, ``checkpoints/``).
-        checkpoint: ``best``, ``last`` or a checkpoint file.
-        overrides: ``key.sub=value`` applied to the run's saved config.
+def step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """The run's ``checkpoints/step_*.pt`` files as (step, path), oldest first.
 
     Raises:
-        TkError: not a run dir, missing checkpoint, or a checkpoint of another model.
+        TkError: ``run_dir`` has no ``checkpoints`` folder.
     """
-    from tk.core.checkpoint import load_checkpoint, load_model_state
+    folder = Path(run_dir) / "checkpoints"
+    if not folder.is_dir():
+        raise TkError(f"{run_dir} has no checkpoints/ folder; pass the output_dir of a `tk run`")
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_RE.match(p.name))]
+    return sorted(found)
+
+
+def _load(run_dir: str | Path, checkpoint: str, overrides: list[str]):
+    from tk.core.checkpoint import load_checkpoint
     from tk.core.config import load_config
 
     run_dir = Path(run_dir)
@@ -42,9 +51,68 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str]
     if not config_path.is_file():
         raise TkError(f"{run_dir} is not a tk run dir (no config.yaml); pass the output_dir of a `tk run`")
     cfg, task_cls = load_config(str(config_path), list(overrides))
-    state = load_checkpoint(resolve_checkpoint(run_dir, checkpoint))
+    path = resolve_checkpoint(run_dir, checkpoint)
+    return cfg, task_cls, path, load_checkpoint(path)
+
+
+def _build(cfg, task_cls, state: dict[str, Any], ema: bool, path: Path) -> tuple[Task, nn.Module]:
+    from tk.core.checkpoint import load_model_state
+
     task = task_cls(cfg)
     task.load_state_dict(state.get("task_state", {}))
     model = task.build_model()
-    load_model_state(model, state["model"])
+    if ema and state.get("ema") is None:
+        raise TkError(f"--ema: {path} holds no EMA weights; the run was trained without train.ema_decay")
+    load_model_state(model, state["ema"]["module"] if ema else state["model"])
     return task, model.eval()
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str] = (),
+             ema: bool = False) -> tuple[Task, nn.Module]:
+    """The task and model of a finished (or interrupted) run, model in eval mode.
+
+    Args:
+        run_dir: a directory written by ``tk run`` (holds ``config.yaml``, ``checkpoints/``).
+        checkpoint: ``best``, ``last`` or a checkpoint file.
+        overrides: ``key.sub=value`` applied to the run's saved config.
+        ema: load the EMA weights instead of the raw ones.
+
+    Raises:
+        TkError: not a run dir, missing checkpoint, or a checkpoint of another model.
+    """
+    cfg, task_cls, path, state = _load(run_dir, checkpoint, overrides)
+    return _build(cfg, task_cls, state, ema, path)
+
+
+def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "val",
+                 overrides: list[str] = (), ema: bool = False) -> dict[str, Any]:
+    """``tk eval``: the task's loss and metrics of a run's checkpoint on ``split``.
+
+    The device, precision and eval batch size come from the run's ``train:`` section
+    (override them, e.g. ``train.device=cpu``).
+
+    Returns:
+        ``{"run_dir", "checkpoint", "step", "split", "ema", "metrics": {"val/loss": ...}}``.
+
+    Raises:
+        TkError: see :func:`load_run`; or the split has no data.
+    """
+    from tk.core.data import LoaderSpec
+    from tk.core.loop import evaluate_loader
+    from tk.core.precision import Precision
+    from tk.core.train import resolve_device
+
+    cfg, task_cls, path, state = _load(run_dir, checkpoint, overrides)
+    device = resolve_device(cfg.train.device)
+    precision = Precision(cfg.train.precision, device)
+    task, model = _build(cfg, task_cls, state, ema, path)
+    model.to(device)
+    t = cfg.train
+    loader = task.build_loader(split, LoaderSpec(batch_size=t.eval_batch_size or t.batch_size,
+                                                 num_workers=t.num_workers, seed=t.seed,
+                                                 pin_memory=device.type == "cuda"))
+    if len(loader) == 0:
+        raise TkError(f"the {split} split yields no batches; check the task's data settings")
+    metrics = evaluate_loader(task, model, loader, device, precision, split)
+    return {"run_dir": str(run_dir), "checkpoint": str(path), "step": state.get("step"), "split": split,
+            "ema": ema, "metrics": metrics}

@@ -1,22 +1,27 @@
 """The training engine: the one loop every task runs through.
 
 The task supplies data, model, loss and metrics (``tk.core.task.Task``); this module
-owns devices, precision, gradient accumulation, clipping, the LR schedule,
-evaluation, checkpoints and logging.
+owns devices, precision, gradient accumulation, clipping, the LR schedule, EMA,
+evaluation, checkpoints, resume and logging.
 
 Gradient accumulation is exact: a task's loss is *summed* over its items and the
 accumulated gradient is divided once by the item count of all micro-batches (and
 processes), so ``grad_accum=4, batch_size=8`` updates the weights exactly as
 ``grad_accum=1, batch_size=32`` does (fairseq's ``sample_size`` normalisation).
+
+Resume is exact: a checkpoint holds the model, optimiser, scheduler, loss scaler, EMA,
+the data position and every process's RNG states, captured after the update, so a
+resumed run draws the same batches and random numbers as an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
+import os
 import random
-import time
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,7 +32,23 @@ from torch import nn
 from tk.core.config import RunConfig
 from tk.core.data import LoaderSpec
 from tk.core.errors import TkError
+from tk.core.loop import BatchStream, FixedBatches, evaluate_loader, move_to_device, preserved_rng
+from tk.core.runlog import ProgressBar, RunLog, Throughput, format_duration
+from tk.core.summary import ActivationMeter, count_parameters, format_bytes
 from tk.core.task import StepOutput, Task
+
+__all__ = ["Trainer", "TrainingInterrupted", "resolve_device", "preflight", "seed_everything",
+           "enable_grad_checkpointing", "move_to_device", "count_parameters"]
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM stopped the run; a checkpoint of ``step`` was saved first."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        where = f"; checkpoint saved to {checkpoint}" if checkpoint else ""
+        super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}{where}; "
+                         f"continue with `tk run ... --resume`")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -59,58 +80,36 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
 
 
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Recursively move the tensors of a batch (dicts, lists, tuples) to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: move_to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(v, device) for v in batch)
-    return batch
+def _config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``["model.hidden: 32 -> 64", ...]`` for every leaf that differs."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b, path = old.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_diff(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+    return out
 
 
-def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(all parameters, trainable parameters)."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+def enable_grad_checkpointing(model: nn.Module) -> None:
+    """``train.grad_checkpointing``: recompute block activations in backward.
 
-
-def _as_float(x: int | float | torch.Tensor) -> float:
-    return float(x.detach().float().item()) if isinstance(x, torch.Tensor) else float(x)
-
-
-class RunLog:
-    """Writes ``metrics.jsonl`` and ``train.log`` in the run dir (main process only)
-    and echoes human-readable lines to the console."""
-
-    def __init__(self, run_dir: Path | None, enabled: bool = True) -> None:
-        self.enabled = enabled and run_dir is not None
-        self.run_dir = run_dir
-        self._bar = None
-
-    def attach_bar(self, bar) -> None:
-        self._bar = bar
-
-    def echo(self, message: str) -> None:
-        if not self.enabled and self.run_dir is not None:
-            return
-        if self._bar is not None:
-            self._bar.write(message)
-        else:
-            print(message, flush=True)
-        if self.enabled:
-            with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
-                f.write(message + "\n")
-
-    def metrics(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+    Raises:
+        TkError: the model has no ``set_grad_checkpointing`` (core ViT and timm have it).
+    """
+    enable = getattr(model, "set_grad_checkpointing", None)
+    if not callable(enable):
+        raise TkError(f"train.grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing(enable) "
+                      f"method (core ViT and timm models have one); add it to the model or set "
+                      f"train.grad_checkpointing=false")
+    enable(True)
 
 
 class Trainer:
@@ -121,48 +120,56 @@ class Trainer:
         task_cls: the task class named by ``cfg.task``.
         run_dir: where logs, metrics and checkpoints go (None: write nothing).
         dist: process-group info from ``tk.core.distributed.init_distributed``
-            (None for a single process).
+            (None for a single process). Only rank 0 writes.
     """
 
     def __init__(self, cfg: RunConfig, task_cls: type[Task], run_dir: Path | None, dist=None) -> None:
         from tk.core.checkpoint import CheckpointManager
+        from tk.core.ema import ModelEMA
         from tk.core.optim import build_optimizer
         from tk.core.precision import Precision
+        from tk.core.schedule import build_scheduler
 
         self.cfg, self.tcfg = cfg, cfg.train
+        t = self.tcfg
         self.rank = dist.rank if dist else 0
         self.world_size = dist.world_size if dist else 1
         self.is_main = self.rank == 0
-        self.device = dist.device if dist else resolve_device(self.tcfg.device)
+        self.device = dist.device if dist else resolve_device(t.device)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.log = RunLog(self.run_dir, enabled=self.is_main)
-        seed_everything(self.tcfg.seed + self.rank, self.tcfg.deterministic)
-        self.precision = Precision(self.tcfg.precision, self.device)
+        seed_everything(t.seed + self.rank, t.deterministic)
+        self.precision = Precision(t.precision, self.device)
 
         self.task = task_cls(cfg)
         self.task.setup(str(self.run_dir) if self.run_dir else None)
         self.train_loader = self._loader("train", training=True)
         self.val_loader = None  # built on first evaluation
-        self.steps_per_epoch = max(1, len(self.train_loader) // self.tcfg.grad_accum)
-        self.total_steps = self.tcfg.max_steps or self.tcfg.epochs * self.steps_per_epoch
+        self.batches, self.steps_per_epoch = self._batch_stream()
+        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
 
-        self.model = self.task.build_model().to(self.device)
+        self.model = self._build_model()
         self.task.teacher = self._prepare_teacher(self.task.build_teacher())
         self.ddp_model = self._wrap_ddp(self.model)
+        self.train_model = torch.compile(self.ddp_model) if t.compile else self.ddp_model
+        self.ema = ModelEMA(self.model, t.ema_decay, t.ema_warmup_steps) if t.ema_decay is not None else None
         self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.scheduler = self._build_scheduler()
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=self.tcfg.keep_last) \
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, self.total_steps)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=t.keep_last) \
             if self.run_dir is not None and self.is_main else None
-        self.best_key = self.tcfg.best_metric or "val/loss"
-        self.best_mode = self.tcfg.best_mode if self.tcfg.best_metric else "min"
+        self.best_key = t.best_metric or "val/loss"
+        self.best_mode = t.best_mode if t.best_metric else "min"
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._param_names = {id(p): n for n, p in self.model.named_parameters()}
 
-        # progress state (all of it goes into checkpoints)
-        self.step = 0  # optimizer updates done
-        self.data_epoch = 0  # passes over the training data started
-        self.batch_in_epoch = 0  # batches consumed in the current pass
-        self.best_value: float | None = None
-        self.bad_steps = 0
-        self._train_iter: Iterator | None = None
+        # progress (all of it goes into checkpoints)
+        self.step = 0  # optimizer updates done (skipped ones included)
+        self.progress = {"best_value": None, "best_step": None, "evals_since_best": 0, "bad_steps": 0,
+                         "skipped_steps": 0}
+        self._signal_received = 0  # set by the SIGINT/SIGTERM handler
+        self._stop_signal = 0  # the signal every process agreed to stop on
+        self._saved_step = -1
+        self._activation_bytes: int | None = None
 
     # -- set-up helpers --------------------------------------------------------------
     def _loader(self, split: str, training: bool):
@@ -172,13 +179,30 @@ class Trainer:
             shuffle=training, drop_last=training, seed=t.seed, num_workers=t.num_workers,
             rank=self.rank, world_size=self.world_size, pin_memory=self.device.type == "cuda",
         )
-        loader = self.task.build_loader(split, spec)
+        with preserved_rng():  # building data never shifts the training random numbers
+            loader = self.task.build_loader(split, spec)
         if len(loader) == 0:
             size = len(loader.dataset) if hasattr(loader, "dataset") else "?"
             raise TkError(f"the {split} split yields no batches ({size} samples, batch size "
                           f"{spec.batch_size} x {self.world_size} processes); add data or lower "
                           f"train.{'batch_size' if training else 'eval_batch_size'}")
         return loader
+
+    def _batch_stream(self):
+        t = self.tcfg
+        if t.overfit_batches:
+            return FixedBatches(self.train_loader, t.overfit_batches), max(1, t.overfit_batches // t.grad_accum)
+        steps = len(self.train_loader) // t.grad_accum
+        if steps == 0:
+            raise TkError(f"train.grad_accum ({t.grad_accum}) is larger than the {len(self.train_loader)} "
+                          f"batches of one pass over the train split; lower train.grad_accum or train.batch_size")
+        return BatchStream(self.train_loader, steps * t.grad_accum, t.seed, self.rank), steps
+
+    def _build_model(self) -> nn.Module:
+        model = self.task.build_model()
+        if self.tcfg.grad_checkpointing:
+            enable_grad_checkpointing(model)
+        return model.to(self.device)
 
     def _prepare_teacher(self, teacher: nn.Module | None) -> nn.Module | None:
         if teacher is None:
@@ -195,219 +219,300 @@ class Trainer:
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
 
-    def _build_scheduler(self):
-        from tk.core.schedule import build_scheduler
-
-        return build_scheduler(self.optimizer, self.cfg.schedule, self.total_steps)
-
-    # -- data ------------------------------------------------------------------------
-    def _next_batch(self) -> dict[str, Any]:
-        """The next training batch; passes over the data follow each other seamlessly."""
-        while True:
-            if self._train_iter is None:
-                sampler = getattr(self.train_loader, "sampler", None)
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(self.data_epoch)
-                self._train_iter = iter(self.train_loader)
-                for _ in range(self.batch_in_epoch):  # resume mid-pass
-                    next(self._train_iter)
-            try:
-                batch = next(self._train_iter)
-            except StopIteration:
-                self._train_iter = None
-                self.data_epoch += 1
-                self.batch_in_epoch = 0
-                continue
-            self.batch_in_epoch += 1
-            return move_to_device(batch, self.device)
-
     # -- one update ------------------------------------------------------------------
-    def _forward_backward(self, batch: dict[str, Any], sync: bool) -> StepOutput:
+    def _forward_backward(self, batch: dict[str, Any], sync: bool, prescale: bool) -> StepOutput:
+        batch = move_to_device(batch, self.device)
         no_sync = getattr(self.ddp_model, "no_sync", None)
         # DDP all-reduces gradients only on the last micro-batch of an update.
         ctx = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
+        meter = ActivationMeter(self.model) if self._activation_bytes is None and not self.tcfg.compile \
+            else contextlib.nullcontext()
         with ctx:
-            with self.precision.autocast():
+            with meter, self.precision.autocast():
                 batch = self.task.transform_batch(batch, training=True)
-                out = self.task.loss(self.ddp_model, batch)
-            self.precision.backward(out.loss)
+                out = self.task.loss(self.train_model, batch)
+            loss = out.loss
+            if prescale:  # one micro-batch, one process: normalise here, saving a pass over the grads
+                loss = loss / (out.num_items.clamp(min=1) if torch.is_tensor(out.num_items) else max(out.num_items, 1))
+            self.precision.backward(loss)
+        if isinstance(meter, ActivationMeter):
+            self._activation_bytes = meter.bytes
+            self.log.echo(f"activation memory: {format_bytes(meter.bytes)} per micro-batch of "
+                          f"{self.tcfg.batch_size} (tensors saved for backward, measured on the first one)")
         return out
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer update over ``grad_accum`` micro-batches; returns its stats."""
-        self.ddp_model.train()
-        loss_sum = torch.zeros((), device=self.device)
-        items = torch.zeros((), device=self.device)
-        logs: dict[str, float] = {}
-        for i in range(self.tcfg.grad_accum):
-            out = self._forward_backward(self._next_batch(), sync=i == self.tcfg.grad_accum - 1)
-            loss_sum += out.loss.detach().float()
-            items += out.num_items
-            for k, v in out.logs.items():
-                logs[k] = logs.get(k, 0.0) + _as_float(v)
-        if self.world_size > 1:
-            stats = torch.stack([loss_sum, items])
-            torch.distributed.all_reduce(stats)
-            loss_sum, items = stats[0], stats[1]
-        return self._apply_update(loss_sum, items, logs)
+        """One optimizer update over ``grad_accum`` micro-batches.
 
-    def _apply_update(self, loss_sum: torch.Tensor, items: torch.Tensor, logs: dict[str, float]) -> dict[str, float]:
-        n_items = max(float(items.item()), 1.0)
+        Returns:
+            ``loss`` (per item), ``grad_norm`` (before clipping), ``lr``, ``items``,
+            ``skipped`` (1.0 if the update was not applied) and the task's logs per item.
+        """
+        self.train_model.train()
+        accum = self.tcfg.grad_accum
+        prescale = accum == 1 and self.world_size == 1
+        sums: dict[str, Any] = {"stop": float(self._signal_received > 0)}
+        for i in range(accum):
+            out = self._forward_backward(self.batches.next(), sync=i == accum - 1, prescale=prescale)
+            pairs = [("loss", out.loss.detach()), ("items", out.num_items)]
+            for key, value in pairs + [(f"log/{k}", v) for k, v in out.logs.items()]:
+                value = value.detach() if torch.is_tensor(value) else float(value)
+                sums[key] = sums[key] + value if key in sums else value
+        keys = sorted(sums)  # the same order on every process
+        on_device = [k for k in keys if torch.is_tensor(sums[k])]
+        on_host = [k for k in keys if not torch.is_tensor(sums[k])]
+        stats = torch.cat([torch.stack([sums[k].double().reshape(()) for k in on_device]),
+                           torch.tensor([sums[k] for k in on_host], dtype=torch.float64, device=self.device)])
+        if self.world_size > 1:  # totals over processes: loss, items, logs and "anyone got a signal"
+            from tk.core.distributed import all_reduce_sum
+
+            all_reduce_sum(stats)
+        return self._apply_update(dict(zip(on_device + on_host, stats)), prescale)
+
+    def _apply_update(self, sums: dict[str, torch.Tensor], prescale: bool) -> dict[str, float]:
         self.precision.unscale_(self.optimizer)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in self._params if p.grad is not None]
         # The loss was summed over items; DDP averaged gradients over processes.
-        if grads:
-            torch._foreach_mul_(grads, self.world_size / n_items)
-        grad_norm = self._grad_norm(grads)
-        loss = float(loss_sum.item()) / n_items
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        if finite or self.tcfg.precision == "fp16":  # fp16: GradScaler skips inf steps itself
+        scale = 1.0 if prescale else self.world_size / sums["items"].clamp(min=1)
+        norm = self._scale_and_clip(grads, scale)
+        # One host sync per update: it decides whether the update is applied (a NaN
+        # update would ruin the weights) and brings back every number to log.
+        keys = list(sums)
+        values = dict(zip(keys + ["grad_norm"], torch.cat([torch.stack([sums[k] for k in keys]),
+                                                            norm.double().reshape(1)]).tolist()))
+        items = max(values.pop("items"), 1.0)
+        loss = values.pop("loss") / items
+        if values.pop("stop") > 0:
+            self._stop_signal = self._signal_received or signal.SIGTERM
+        finite = math.isfinite(loss) and math.isfinite(values["grad_norm"])
+        lr = max(g["lr"] for g in self.optimizer.param_groups)
+        if self.precision.scaling is not None:  # fp16: the GradScaler skips inf/NaN steps itself
             took_step = self.precision.step(self.optimizer)
             self.precision.update()
         else:
-            took_step = False
-        self.optimizer.zero_grad(set_to_none=True)
+            took_step = finite and self.precision.step(self.optimizer)
         if took_step:
-            self.scheduler.step()
-            self.bad_steps = 0
-        elif not finite and self.tcfg.precision != "fp16" or not math.isfinite(loss):
-            self._on_bad_step(loss, grad_norm)
+            self.progress["bad_steps"] = 0
+        else:
+            self.progress["skipped_steps"] += 1
+            if not finite and (self.precision.scaling is None or not math.isfinite(loss)):
+                self._on_bad_step(loss, values["grad_norm"])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()  # the lr follows the update count, skipped updates included
+        if took_step and self.ema is not None:
+            self.ema.update(self.model)
         self.step += 1
-        stats = {"loss": loss, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"],
-                 "items": n_items, "skipped": 0.0 if took_step else 1.0}
-        stats.update({k: v / n_items for k, v in logs.items()})
-        return stats
+        logs = {k[4:]: v / items for k, v in values.items() if k.startswith("log/")}
+        return {"loss": loss, "grad_norm": values["grad_norm"], "lr": lr, "items": items,
+                "skipped": 0.0 if took_step else 1.0, **logs}
 
-    def _grad_norm(self, grads: list[torch.Tensor]) -> float:
+    def _scale_and_clip(self, grads: list[torch.Tensor], scale: float | torch.Tensor) -> torch.Tensor:
+        """Multiply the gradients by ``scale`` and clip them to ``train.clip_grad_norm``
+        in one pass; returns the global L2 norm before clipping (a tensor, no sync)."""
         if not grads:
-            return 0.0
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-        if self.tcfg.clip_grad_norm is not None and torch.isfinite(norm):
-            scale = torch.clamp(self.tcfg.clip_grad_norm / (norm + 1e-6), max=1.0)
-            torch._foreach_mul_(grads, scale)
-        return float(norm.item())
+            return torch.zeros((), device=self.device)
+        norms = torch._foreach_norm(grads)
+        try:
+            norm = torch.linalg.vector_norm(torch.stack(norms).float()) * scale
+        except RuntimeError:  # gradients of mixed dtypes
+            norm = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) * scale
+        factor = scale
+        clip = self.tcfg.clip_grad_norm
+        if clip is not None:  # clip only finite norms: a NaN factor would hide which grad was bad
+            coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
+            factor = scale * torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
+        if clip is not None or not isinstance(factor, float) or factor != 1.0:
+            factor = factor if torch.is_tensor(factor) else torch.tensor(factor, device=self.device)
+            torch._foreach_mul_(grads, factor.float())
+        return norm
 
     def _on_bad_step(self, loss: float, grad_norm: float) -> None:
-        self.bad_steps += 1
-        culprit = next((n for n, p in self.model.named_parameters()
+        self.progress["bad_steps"] += 1
+        culprit = next((self._param_names.get(id(p), "?") for p in self._params
                         if p.grad is not None and not torch.isfinite(p.grad).all()), None)
         where = f"; first non-finite gradient in {culprit!r}" if culprit else ""
         self.log.echo(f"step {self.step + 1}: non-finite loss {loss} / grad norm {grad_norm}, update skipped{where}")
-        if self.bad_steps >= self.tcfg.max_bad_steps:
-            hint = " fp16 overflows easily: try train.precision=bf16." if self.tcfg.precision == "fp16" else ""
+        if self.progress["bad_steps"] >= self.tcfg.max_bad_steps:
+            hint = " fp16 overflows easily: try train.precision=bf16." if self.precision.name == "fp16" else ""
+            log = f" Details per step in {self.run_dir / 'train.log'}." if self.run_dir else ""
             raise RuntimeError(
-                f"{self.bad_steps} non-finite steps in a row at step {self.step + 1}; check the learning "
-                f"rate (optim.lr), the data and the loss for NaN/inf.{hint}")
+                f"{self.progress['bad_steps']} non-finite steps in a row at step {self.step + 1}{where}; check "
+                f"the learning rate (optim.lr, schedule.warmup_steps), train.clip_grad_norm, and the data and "
+                f"the task's loss for NaN/inf.{hint}{log}")
 
     # -- evaluation ------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self, split: str = "val", model: nn.Module | None = None) -> dict[str, float]:
-        """Loss and task metrics over one split, merged across processes."""
-        model = model or self.model
-        if split == "val":
-            self.val_loader = self.val_loader or self._loader("val", training=False)
-            loader = self.val_loader
+    def evaluate(self, split: str = "val", model: nn.Module | None = None, prefix: str | None = None) -> dict[str, float]:
+        """Loss and task metrics over one split, merged across processes; the training
+        RNG streams are left untouched.
+
+        Args:
+            split: ``"val"`` or ``"test"``.
+            model: the model to evaluate (default: the raw, trained one).
+            prefix: result key prefix (default ``split``).
+        """
+        with preserved_rng():
+            if split == "val":
+                self.val_loader = self.val_loader or self._loader("val", training=False)
+                loader = self.val_loader
+            else:
+                loader = self._loader(split, training=False)
+            return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision,
+                                   split, prefix)
+
+    def _evaluate_and_track(self) -> tuple[dict[str, float], float]:
+        """Evaluate raw (and EMA) weights; update best value and early-stopping count."""
+        results = self.evaluate("val")
+        if self.ema is not None:
+            results.update(self.evaluate("val", self.ema.module, prefix="val_ema"))
+        value = results.get(self.best_key)
+        if value is None:
+            raise TkError(f"train.best_metric: {self.best_key!r} is not among the evaluation results "
+                          f"({', '.join(results)})")
+        p = self.progress
+        best = p["best_value"]
+        improved = best is None or (value > best if self.best_mode == "max" else value < best)
+        if improved:
+            p["best_value"], p["best_step"], p["evals_since_best"] = value, self.step, 0
         else:
-            loader = self._loader(split, training=False)
-        was_training = model.training
-        model.eval()
-        metrics = self.task.build_metrics(split)
-        for m in metrics.values():
-            m.to(self.device)
-        totals = torch.zeros(2, device=self.device, dtype=torch.float64)
-        for batch in loader:
-            batch = move_to_device(batch, self.device)
-            with self.precision.autocast():
-                batch = self.task.transform_batch(batch, training=False)
-                out = self.task.eval_step(model, batch)
-            totals[0] += out.loss.detach().double()
-            totals[1] += out.num_items
-            for m in metrics.values():
-                m.update(out, batch)
-        if self.world_size > 1:
-            torch.distributed.all_reduce(totals)
-        results = {f"{split}/loss": float(totals[0] / totals[1].clamp(min=1))}
-        for metric in metrics.values():
-            metric.sync()
-            results.update({f"{split}/{k}": float(v) for k, v in metric.compute().items()})
-        model.train(was_training)
-        return results
+            p["evals_since_best"] += 1
+        self.log.metrics({"step": self.step, "epoch": self.step / self.steps_per_epoch, "split": "val", **results})
+        shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
+        self.log.echo(f"step {self.step}/{self.total_steps}  {shown}" + ("  (best)" if improved else ""))
+        return results, value
 
     # -- checkpoints -----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def _rng_states(self) -> list[dict[str, Any]]:
+        """Every process's RNG states, rank order (a collective when distributed)."""
         from tk.core.checkpoint import capture_rng_state
 
+        state = capture_rng_state()
+        if self.world_size == 1:
+            return [state]
+        gathered: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, state)
+        return gathered
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs. Collective when distributed: call on every process."""
+        rng = self._rng_states()
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "precision": self.precision.state_dict(),
-            "step": self.step, "data_epoch": self.data_epoch, "batch_in_epoch": self.batch_in_epoch,
-            "best_value": self.best_value, "rng": capture_rng_state(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "step": self.step, "data": self.batches.state_dict(), "progress": dict(self.progress),
+            "rng": rng, "world_size": self.world_size,
             "config": self.cfg.to_dict(), "task": self.cfg.task, "task_state": self.task.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a checkpoint of another model fails with a message
+        naming the mismatching weights and the config settings that differ."""
         from tk.core.checkpoint import load_model_state, restore_rng_state
 
-        load_model_state(self.model, state["model"])
+        diff = _config_diff(state.get("config", {}), self.cfg.to_dict())
+        try:
+            load_model_state(self.model, state["model"])
+        except TkError as e:
+            changed = "; ".join(d for d in diff if not d.startswith(("train.", "output_dir"))) or "none"
+            raise TkError(f"{e}. Settings that differ from the checkpoint's run: {changed}") from None
+        if diff:
+            self.log.echo("resuming with changed settings: " + "; ".join(diff))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["precision"])
+        if self.ema is not None:
+            if state.get("ema") is not None:
+                self.ema.load_state_dict(state["ema"])
+            else:  # EMA switched on at resume: start averaging from the loaded weights
+                self.ema.module.load_state_dict(self.model.state_dict())
         self.task.load_state_dict(state.get("task_state", {}))
-        self.step, self.best_value = state["step"], state["best_value"]
-        self.data_epoch, self.batch_in_epoch = state["data_epoch"], state["batch_in_epoch"]
-        self._train_iter = None
-        restore_rng_state(state["rng"])
+        self.step = state["step"]
+        self.progress.update(state["progress"])
+        self.batches.load_state_dict(state["data"])
+        rng = state["rng"]
+        if len(rng) != self.world_size:
+            self.log.echo(f"note: the checkpoint comes from {len(rng)} process(es), this run has "
+                          f"{self.world_size}; random numbers will not match an uninterrupted run")
+        restore_rng_state(rng[self.rank % len(rng)])
 
-    def resume(self) -> None:
-        """Continue from the latest checkpoint in the run dir."""
+    def resume(self, path: str | Path | None = None) -> None:
+        """Continue from ``path`` (default: the run dir's ``checkpoints/last.pt``)."""
         from tk.core.checkpoint import load_checkpoint
 
-        latest = self.run_dir / "checkpoints" / "last.pt" if self.run_dir else None
-        if latest is None or not latest.exists():
-            raise TkError(f"--resume: no checkpoint found at {latest}; start a new run with --overwrite")
-        self.load_state_dict(load_checkpoint(latest, map_location=self.device))
-        self.log.echo(f"resumed from {latest} at step {self.step}")
+        if path is None:
+            path = self.run_dir / "checkpoints" / "last.pt" if self.run_dir else None
+        if path is None or not Path(path).exists():
+            raise TkError(f"--resume: no checkpoint found at {path}; start a new run with --overwrite")
+        self.load_state_dict(load_checkpoint(path, map_location=self.device))
+        self._saved_step = self.step
+        self.log.truncate_after(self.step)
+        self.log.echo(f"resumed from {path} at step {self.step}")
 
-    def _save(self, metric: float | None) -> None:
-        if self.checkpoints is not None:
-            self.checkpoints.save(self.state_dict(), step=self.step, metric=metric, mode=self.best_mode)
-
-    def _is_better(self, value: float) -> bool:
-        if self.best_value is None:
-            return True
-        return value > self.best_value if self.best_mode == "max" else value < self.best_value
+    def save_checkpoint(self, metric: float | None = None) -> Path | None:
+        """Save the state as the checkpoint of the current step (rank 0 writes; every
+        process must call it). ``metric`` competes for ``best.pt``."""
+        state = self.state_dict()
+        self._saved_step = self.step
+        if self.checkpoints is None:
+            return None
+        return self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best_mode)
 
     # -- the loop --------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
-        """Train to ``total_steps``, evaluating and checkpointing along the way.
+        """Train to ``total_steps`` (or an early stop), evaluating and checkpointing.
 
         Returns:
             The last evaluation's results (``{"val/loss": ..., "val/top1": ...}``).
+
+        Raises:
+            TrainingInterrupted: SIGINT/SIGTERM arrived; a checkpoint was saved first.
         """
         self._print_summary()
-        bar = self._progress_bar()
-        results: dict[str, float] = {}
-        window: list[dict[str, float]] = []
-        tic = time.perf_counter()
-        while self.step < self.total_steps:
-            stats = self.train_step()
-            window.append(stats)
+        bar = ProgressBar(self.total_steps, self.step) if self.tcfg.progress and self.is_main else None
+        self.log.attach_bar(bar)
+        try:
+            with self._signal_handlers():
+                results = self._loop(bar)
+        finally:
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}", refresh=False)
-            if self.step % self.tcfg.log_every == 0 or self.step == self.total_steps:
-                elapsed = time.perf_counter() - tic
-                self._log_train(window, elapsed)
-                window, tic = [], time.perf_counter()
-            if self._eval_due():
-                results = self._evaluate_and_save()
-        if bar is not None:
-            bar.close()
+                bar.close()
             self.log.attach_bar(None)
         if self.checkpoints is not None:
             from tk.core.checkpoint import export_safetensors
 
             export_safetensors(self.model, self.run_dir / "model.safetensors")
+            if self.ema is not None:
+                export_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
+        return results
+
+    def _loop(self, bar: ProgressBar | None) -> dict[str, float]:
+        results: dict[str, float] = {}
+        window: list[dict[str, float]] = []
+        clock = Throughput()
+        while self.step < self.total_steps:
+            window.append(self.train_step())
+            if bar is not None:
+                bar.update()
+            if self.step % self.tcfg.log_every == 0 or self.step == self.total_steps:
+                self._log_train(window, clock, bar)
+                window = []
+            evaluated, metric = self._eval_due(), None
+            if evaluated:
+                results, metric = self._evaluate_and_track()
+            if evaluated or (self.tcfg.save_every and self.step % self.tcfg.save_every == 0):
+                self.save_checkpoint(metric)
+            if self._stop_signal:
+                path = self.save_checkpoint() if self._saved_step != self.step else None
+                path = path or (self.checkpoints.latest() if self.checkpoints else None)
+                raise TrainingInterrupted(self._stop_signal, self.step, path)
+            patience = self.tcfg.early_stopping_patience
+            if evaluated and patience and self.progress["evals_since_best"] >= patience:
+                self.log.echo(f"early stop at step {self.step}: {self.best_key} did not improve for {patience} "
+                              f"evaluations (best {self.progress['best_value']:.4f} at step "
+                              f"{self.progress['best_step']})")
+                break
+            if evaluated:
+                clock.lap(0)  # throughput counts training time only
         return results
 
     def _eval_due(self) -> bool:
@@ -417,45 +522,58 @@ class Trainer:
             return self.step % self.tcfg.eval_every == 0
         return self.step % self.steps_per_epoch == 0
 
-    def _evaluate_and_save(self) -> dict[str, float]:
-        results = self.evaluate("val")
-        value = results.get(self.best_key)
-        if value is None:
-            raise TkError(f"train.best_metric: {self.best_key!r} is not among the evaluation results "
-                          f"({', '.join(results)})")
-        improved = self._is_better(value)
-        if improved:
-            self.best_value = value
-        self.log.metrics({"step": self.step, "epoch": self.step / self.steps_per_epoch, "split": "val", **results})
-        shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
-        self.log.echo(f"step {self.step}/{self.total_steps}  {shown}" + ("  (best)" if improved else ""))
-        self._save(value)
-        return results
+    @contextlib.contextmanager
+    def _signal_handlers(self) -> Iterator[None]:
+        """SIGINT/SIGTERM ask the loop to stop after the current update and save; in a
+        single process a second signal acts at once (the previous handler is back)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous: dict[int, Any] = {}
 
-    def _log_train(self, window: list[dict[str, float]], elapsed: float) -> None:
+        def handler(signum, _frame):
+            self._signal_received = signum
+            # Under torchrun the launcher passes the terminal's Ctrl-C on a second time
+            # (and escalates to SIGKILL itself), so only a single process re-arms.
+            if self.world_size == 1:
+                signal.signal(signum, previous[signum] if previous[signum] is not None else signal.SIG_DFL)
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        try:
+            yield
+        finally:
+            for signum, old in previous.items():
+                signal.signal(signum, old if old is not None else signal.SIG_DFL)
+
+    def _log_train(self, window: list[dict[str, float]], clock: Throughput, bar: ProgressBar | None) -> None:
         items = sum(s["items"] for s in window)
+        items_per_s, elapsed = clock.lap(items)
         record = {"step": self.step, "epoch": self.step / self.steps_per_epoch, "split": "train",
                   "loss": sum(s["loss"] * s["items"] for s in window) / max(items, 1.0),
-                  "lr": window[-1]["lr"], "grad_norm": window[-1]["grad_norm"],
-                  "items_per_s": items / max(elapsed, 1e-9), "skipped_steps": sum(s["skipped"] for s in window)}
+                  "lr": window[-1]["lr"], "grad_norm": window[-1]["grad_norm"], "items_per_s": items_per_s,
+                  "skipped_steps": sum(s["skipped"] for s in window)}
+        if self.precision.scaling is not None:
+            record["loss_scale"] = self.precision.scaling.get_scale()
         extra = {k for s in window for k in s} - {"loss", "grad_norm", "lr", "items", "skipped"}
         record.update({k: sum(s.get(k, 0.0) for s in window) / len(window) for k in sorted(extra)})
         self.log.metrics(record)
-
-    def _progress_bar(self):
-        if not (self.tcfg.progress and self.is_main):
-            return None
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        self.log.attach_bar(bar)
-        return bar
+        eta = (self.total_steps - self.step) * elapsed / max(len(window), 1)
+        skipped = f"  skipped {record['skipped_steps']:.0f}" if record["skipped_steps"] else ""
+        self.log.echo(f"step {self.step}/{self.total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                      f"grad_norm {record['grad_norm']:.3f}  {items_per_s:,.0f} items/s  "
+                      f"eta {format_duration(eta)}{skipped}", console=bar is None)
+        if bar is not None:
+            bar.show(record["loss"], record["lr"], items_per_s)
 
     def _print_summary(self) -> None:
         total, trainable = count_parameters(self.model)
         t = self.tcfg
+        extras = [name for name, on in (("EMA", self.ema), ("grad checkpointing", t.grad_checkpointing),
+                                        ("torch.compile", t.compile), ("deterministic", t.deterministic),
+                                        (f"overfitting {t.overfit_batches} batches", t.overfit_batches)) if on]
         self.log.echo(
             f"task {self.cfg.task}: {type(self.model).__name__} with {total:,} parameters "
-            f"({trainable:,} trainable) on {self.device} ({t.precision}); {self.total_steps} updates "
-            f"of {t.batch_size} x {t.grad_accum} x {self.world_size} samples "
-            f"({self.steps_per_epoch} updates per epoch)")
+            f"({trainable:,} trainable, {format_bytes(4 * total)} in fp32) on {self.device} ({t.precision}); "
+            f"{self.total_steps} updates of {t.batch_size} x {t.grad_accum} x {self.world_size} samples "
+            f"({self.steps_per_epoch} updates per epoch)" + (f"; {', '.join(extras)}" if extras else ""))

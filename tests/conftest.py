@@ -72,6 +72,71 @@ TOY_PLUGIN = textwrap.dedent('''
 
         def build_metrics(self, split):
             return {"acc": Accuracy(topk=(1,))}
+
+
+    @dataclass
+    class ToyTokenData:
+        num_train: int = 256  # training sequences
+        num_val: int = 64  # validation sequences
+        vocab_size: int = 16  # token ids 1..vocab_size-1 (0 = PAD)
+        min_len: int = 1  # shortest sequence
+        max_len: int = 12  # longest sequence
+        mask_prob: float = 0.0  # training augmentation: replace input tokens by 0 (numpy RNG)
+        delay: float = 0.0  # seconds slept per batch, so tests can signal a run mid-way
+        seed: int = 0  # data seed
+
+
+    @dataclass
+    class ToyTokenModel:
+        hidden: int = 32  # hidden width
+        dropout: float = 0.0  # dropout after the embedding
+
+
+    class ToyTokenTask(Task):
+        """Per-token tagging of variable-length sequences (test plugin; token-level loss)."""
+
+        name = "toy_tokens"
+        DataConfig = ToyTokenData
+        ModelConfig = ToyTokenModel
+
+        def build_dataset(self, split):
+            d = self.data
+            g = torch.Generator().manual_seed(d.seed + (1 if split == "train" else 2))
+            n = d.num_train if split == "train" else d.num_val
+            lengths = torch.randint(d.min_len, d.max_len + 1, (n,), generator=g).tolist()
+            return [torch.randint(1, d.vocab_size, (n_tok,), generator=g) for n_tok in lengths]
+
+        def collate(self, samples):
+            import time
+
+            if self.data.delay:
+                time.sleep(self.data.delay)
+            src = nn.utils.rnn.pad_sequence(samples, batch_first=True, padding_value=0)  # (B, T)
+            labels = torch.where(src == 0, torch.full_like(src, -100), (src * 3 + 1) % self.data.vocab_size)
+            return {"src": src, "labels": labels}
+
+        def transform_batch(self, batch, training):
+            if training and self.data.mask_prob > 0:
+                import numpy as np
+
+                drop = torch.from_numpy(np.random.rand(*batch["src"].shape) < self.data.mask_prob)
+                batch = {**batch, "src": batch["src"].masked_fill(drop.to(batch["src"].device), 0)}
+            return batch
+
+        def build_model(self):
+            d, m = self.data, self.model_cfg
+            return nn.Sequential(nn.Embedding(d.vocab_size, m.hidden), nn.Dropout(m.dropout),
+                                 nn.Linear(m.hidden, m.hidden), nn.Tanh(), nn.Linear(m.hidden, d.vocab_size))
+
+        def loss(self, model, batch):
+            logits = model(batch["src"])  # (B, T, V)
+            keep = batch["labels"] != -100
+            loss = nn.functional.cross_entropy(logits[keep].float(), batch["labels"][keep], reduction="sum")
+            correct = (logits[keep].argmax(-1) == batch["labels"][keep]).sum()
+            return StepOutput(loss=loss, num_items=keep.sum(), outputs=logits, logs={"acc": correct})
+
+        def build_metrics(self, split):
+            return {"acc": Accuracy(topk=(1,), ignore_index=-100)}
 ''')
 
 TOY_RECIPE = textwrap.dedent('''
@@ -99,9 +164,11 @@ def make_distribution(site: Path, dist: str, package: str, source: str, entry_po
 
 @pytest.fixture
 def toy_site(tmp_path, monkeypatch) -> Path:
-    """A temporary site dir on sys.path holding distribution ``tk-toy`` with task ``toy``."""
+    """A temporary site dir on sys.path holding distribution ``tk-toy`` with tasks ``toy``
+    (Gaussian blobs, sample-level loss) and ``toy_tokens`` (variable-length sequences,
+    token-level loss)."""
     site = make_distribution(tmp_path / "site", "tk-toy", "tk_toy_plugin", TOY_PLUGIN,
-                             {"toy": "tk_toy_plugin:ToyTask"})
+                             {"toy": "tk_toy_plugin:ToyTask", "toy_tokens": "tk_toy_plugin:ToyTokenTask"})
     monkeypatch.syspath_prepend(str(site))
     return site
 

@@ -1,0 +1,168 @@
+"""Starting a training run: the run directory, torch.distributed set-up from torchrun's
+environment, and multi-process launch through torch's own launcher.
+
+``tk run RECIPE --nproc-per-node N`` re-runs itself as
+``python -m torch.distributed.run --standalone --nproc-per-node N -m tk run RECIPE ...``;
+``torchrun ... -m tk run RECIPE`` (e.g. on several machines) reaches :func:`run_training`
+with ``WORLD_SIZE`` set, which joins the process group.
+torchrun: https://pytorch.org/docs/stable/elastic/run.html
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from tk.core.errors import TkError
+
+__all__ = ["check_run_dir", "prepare_run_dir", "launch_command", "launch", "run_training"]
+
+
+def check_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
+    """The checks of :func:`prepare_run_dir`, touching nothing.
+
+    Raises:
+        TkError: the dir holds files and neither flag is given; --resume without a
+            previous run; or --overwrite would delete a folder that is not a tk run dir.
+    """
+    run_dir = Path(output_dir)
+    if resume and overwrite:
+        raise TkError("--resume and --overwrite exclude each other; pick one")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TkError(f"output_dir {str(run_dir)!r} is a file, not a directory; choose another output_dir=...")
+    occupied = run_dir.exists() and any(run_dir.iterdir())
+    if resume and not occupied:
+        raise TkError(f"--resume: {str(run_dir)!r} holds no previous run; drop --resume to start one")
+    if not resume and occupied and not overwrite:
+        raise TkError(f"output_dir {str(run_dir)!r} is not empty (a previous run?); pass --resume to "
+                      f"continue it, --overwrite to replace it, or set output_dir=<new dir>")
+    if not resume and occupied and overwrite and not (run_dir / "config.yaml").exists():
+        raise TkError(f"--overwrite: {str(run_dir)!r} does not look like a tk run dir (no config.yaml); "
+                      f"refusing to delete it, choose another output_dir=...")
+    return run_dir
+
+
+def prepare_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
+    """Make sure a run never silently overwrites a previous one; create the dir.
+
+    Raises:
+        TkError: see :func:`check_run_dir`.
+    """
+    run_dir = check_run_dir(output_dir, resume, overwrite)
+    if not resume and overwrite and run_dir.exists() and any(run_dir.iterdir()):
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def launch_command(nproc_per_node: int, tk_args: list[str]) -> list[str]:
+    """The torchrun command line that runs ``tk <tk_args>`` in ``nproc_per_node``
+    processes on this machine (``--standalone``: a local rendezvous on a free port)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc_per_node}", "-m", "tk", *tk_args]
+
+
+def launch(nproc_per_node: int, tk_args: list[str]) -> int:
+    """Run ``tk <tk_args>`` in ``nproc_per_node`` processes through torchrun and wait.
+
+    SIGTERM is passed on to torchrun (which passes it to the workers: they save a
+    checkpoint and stop); Ctrl-C reaches the workers from the terminal directly.
+
+    Returns:
+        torchrun's exit code.
+    """
+    proc = subprocess.Popen(launch_command(nproc_per_node, tk_args))
+    old_term = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
+
+
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise TkError(f"environment variable WORLD_SIZE must be an integer, got {os.environ['WORLD_SIZE']!r}") from None
+
+
+def _on_main_first(dist, fn: Callable[[], object]) -> object:
+    """Run ``fn`` on rank 0 while the other ranks wait; a TkError there is raised on
+    every rank (so none hangs at a collective). Returns ``fn()``'s result on rank 0."""
+    error, result = None, None
+    if dist is None or dist.rank == 0:
+        try:
+            result = fn()
+        except TkError as e:
+            error = str(e)
+    if dist is not None:
+        import torch.distributed
+
+        box = [error]
+        torch.distributed.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise TkError(error)
+    return result
+
+
+def _init_distributed(device: str):
+    """Join torchrun's process group when ``WORLD_SIZE > 1``; None otherwise."""
+    if _world_size() <= 1:
+        return None
+    from tk.core.distributed import init_distributed
+
+    kind = None if device == "auto" else ("cuda" if device.startswith("cuda") else device)
+    return init_distributed(kind)
+
+
+def run_training(recipe: str, overrides: list[str], resume: bool = False, overwrite: bool = False,
+                 echo: Callable[[str], None] = print) -> dict[str, float]:
+    """``tk run``: load the recipe, prepare the run dir (rank 0), train, return the last
+    evaluation. Inside torchrun (``WORLD_SIZE > 1``) every process calls this.
+
+    Raises:
+        TkError: config, machine or run-dir problems (before anything is written).
+        tk.core.train.TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved.
+    """
+    from tk.core.config import load_config
+    from tk.core.precision import Precision
+    from tk.core.train import Trainer, preflight
+
+    cfg, task_cls = load_config(recipe, list(overrides))
+    dist = _init_distributed(cfg.train.device)
+    try:
+        if dist is None:
+            preflight(cfg)  # device and precision problems, before anything is written
+        else:
+            Precision(cfg.train.precision, dist.device)
+        is_main = dist is None or dist.rank == 0
+
+        def prepare() -> Path:
+            run_dir = prepare_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
+            if not resume:
+                (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+            return run_dir
+
+        run_dir = _on_main_first(dist, prepare) or Path(cfg.output_dir)
+        if is_main:
+            procs = f" ({dist.world_size} processes)" if dist else ""
+            echo(f"run dir: {run_dir}{procs}")
+        trainer = Trainer(cfg, task_cls, run_dir, dist)
+        if resume:
+            trainer.resume()
+            if is_main:  # the settings the run continues with (e.g. a longer max_steps)
+                (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        return trainer.fit()
+    finally:
+        if dist is not None:
+            from tk.core.distributed import cleanup
+
+            cleanup()

@@ -1,0 +1,157 @@
+"""What a run writes while it trains: ``train.log``, ``metrics.jsonl``, ``metrics.csv``
+and the console progress bar (main process only)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunLog", "ProgressBar", "format_duration"]
+
+
+def format_duration(seconds: float) -> str:
+    """``3725`` -> ``"1:02:05"``."""
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class RunLog:
+    """Writes ``train.log``, ``metrics.jsonl`` and ``metrics.csv`` in the run dir and
+    echoes human-readable lines to the console.
+
+    ``metrics.jsonl`` is the record of truth (one JSON object per logged step or
+    evaluation). ``metrics.csv`` holds the same records as a table; its columns are the
+    union of all keys, so when a record brings a new key the CSV is rebuilt from the
+    JSONL (rare: train and eval keys settle after the first evaluation).
+
+    Args:
+        run_dir: the run directory (None: log to the console only).
+        enabled: False on non-main processes: write and print nothing.
+    """
+
+    def __init__(self, run_dir: Path | None, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.run_dir = Path(run_dir) if (run_dir is not None and enabled) else None
+        self._bar: ProgressBar | None = None
+        self._fields: list[str] = []
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.run_dir is not None and self.csv_path.is_file():
+            with open(self.csv_path, newline="", encoding="utf-8") as f:
+                self._fields = next(csv.reader(f), [])
+
+    @property
+    def jsonl_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    @property
+    def csv_path(self) -> Path:
+        return self.run_dir / "metrics.csv"
+
+    def attach_bar(self, bar: ProgressBar | None) -> None:
+        """Route console lines through ``bar`` so they do not break it."""
+        self._bar = bar
+
+    def echo(self, message: str, console: bool = True) -> None:
+        """Append ``message`` to ``train.log``; print it unless ``console`` is False."""
+        if not self.enabled:
+            return
+        if console:
+            if self._bar is not None:
+                self._bar.write(message)
+            else:
+                print(message, flush=True)
+        if self.run_dir is not None:
+            with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
+                f.write(message + "\n")
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        """Append one record to ``metrics.jsonl`` and ``metrics.csv``."""
+        if self.run_dir is None:
+            return
+        with open(self.jsonl_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        new = [k for k in record if k not in self._fields]
+        if new:
+            self._fields += new
+            self._rewrite_csv()
+            return
+        with open(self.csv_path, "a", newline="", encoding="utf-8") as f:
+            csv.DictWriter(f, fieldnames=self._fields, restval="").writerow(record)
+
+    def records(self) -> list[dict[str, Any]]:
+        """All records of ``metrics.jsonl`` (a torn last line, from a killed process, is skipped)."""
+        if self.run_dir is None or not self.jsonl_path.is_file():
+            return []
+        out = []
+        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after ``step``: on resume from the checkpoint of
+        ``step``, a killed run's later records would otherwise appear twice."""
+        if self.run_dir is None or not self.jsonl_path.is_file():
+            return
+        kept = [r for r in self.records() if r.get("step", 0) <= step]
+        self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        self._fields = []
+        for r in kept:
+            self._fields += [k for k in r if k not in self._fields]
+        self._rewrite_csv()
+
+    def _rewrite_csv(self) -> None:
+        with open(self.csv_path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=self._fields, restval="")
+            writer.writeheader()
+            writer.writerows(self.records())
+
+
+class ProgressBar:
+    """A tqdm bar over optimizer updates showing loss, lr, throughput and ETA.
+
+    Args:
+        total: updates of the whole run.
+        initial: updates already done (resume).
+        unit: what throughput counts ("items": tokens or samples, whatever the task's
+            ``num_items`` counts).
+    """
+
+    def __init__(self, total: int, initial: int = 0, unit: str = "items") -> None:
+        from tqdm.auto import tqdm
+
+        self.unit = unit
+        self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
+                         mininterval=0.5)
+
+    def update(self, n: int = 1) -> None:
+        self._bar.update(n)
+
+    def show(self, loss: float, lr: float, items_per_s: float) -> None:
+        """Refresh the numbers after the bar (called at log steps, where they are known)."""
+        self._bar.set_postfix_str(f"loss={loss:.4f} lr={lr:.2e} {items_per_s:,.0f} {self.unit}/s", refresh=False)
+
+    def write(self, message: str) -> None:
+        self._bar.write(message)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class Throughput:
+    """Items per second over the steps since the last :meth:`lap`."""
+
+    def __init__(self) -> None:
+        self._tic = time.perf_counter()
+
+    def lap(self, items: float) -> tuple[float, float]:
+        """(items per second, seconds) since the previous lap."""
+        now = time.perf_counter()
+        elapsed, self._tic = now - self._tic, now
+        return items / max(elapsed, 1e-9), elapsed
