@@ -445,6 +445,9 @@ class Trainer:
             raise TkError(f"--resume: no checkpoint found at {path}; start a new run with --overwrite")
         self.load_state_dict(load_checkpoint(path, map_location=self.device))
         self._saved_step = self.step
+        if self.checkpoints is not None:  # temp files of a save that a killed process left behind
+            for stale in self.checkpoints.directory.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
         self.log.truncate_after(self.step)
         self.log.echo(f"resumed from {path} at step {self.step}")
 
@@ -501,6 +504,8 @@ class Trainer:
                 results, metric = self._evaluate_and_track()
             if evaluated or (self.tcfg.save_every and self.step % self.tcfg.save_every == 0):
                 self.save_checkpoint(metric)
+            if self.world_size == 1 and self._signal_received:
+                self._stop_signal = self._signal_received  # one process: no need to agree with others
             if self._stop_signal:
                 path = self.save_checkpoint() if self._saved_step != self.step else None
                 path = path or (self.checkpoints.latest() if self.checkpoints else None)
