@@ -74,13 +74,20 @@ def launch(nproc_per_node: int, tk_args: list[str]) -> int:
     checkpoint and stop); Ctrl-C reaches the workers from the terminal directly.
 
     Returns:
-        torchrun's exit code.
+        torchrun's exit code; 143 (128 + SIGTERM) after a passed-on SIGTERM.
     """
     proc = subprocess.Popen(launch_command(nproc_per_node, tk_args))
-    old_term = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    forwarded = []
+
+    def forward(signum, _frame):
+        forwarded.append(signum)
+        proc.send_signal(signum)
+
+    old_term = signal.signal(signal.SIGTERM, forward)
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        return proc.wait()
+        code = proc.wait()
+        return 128 + forwarded[0] if forwarded else code
     finally:
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
