@@ -123,6 +123,26 @@ def test_cached_equals_uncached(kind, strategy):
         assert torch.allclose(fast.beam_scores, slow.beam_scores, atol=1e-5)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_seq2seq_encodes_once_and_projects_memory_once(strategy):
+    model, src = model_and_inputs("seq2seq")
+    calls = {"encode": 0, "k_proj": 0}
+    encode = model.encode
+
+    def counting_encode(*args, **kwargs):
+        calls["encode"] += 1
+        return encode(*args, **kwargs)
+
+    def count_k_proj(module, args, output):
+        calls["k_proj"] += 1
+
+    model.encode = counting_encode
+    model.decoder.layers[0].cross_attn.k_proj.register_forward_hook(count_k_proj)
+    out = generate(model, src, cfg(strategy=strategy, eos_id=None))
+    assert out.tokens.shape[1] == 10  # ten decoder steps ...
+    assert calls == {"encode": 1, "k_proj": 1}  # ... one encoder pass, one cross-attention k/v projection
+
+
 @pytest.mark.parametrize("kind", ["lm", "seq2seq"])
 def test_sampling_cached_equals_uncached(kind):
     model, inputs = model_and_inputs(kind)
@@ -149,11 +169,11 @@ def bigram_lm(probs: torch.Tensor) -> DecoderOnlyLM:
     token embedding; rotary positions add nothing to it) and ``lm_head`` is solved so that
     ``lm_head(norm(embedding_i)) = log(probs[i])``."""
     n = probs.shape[0]
-    lm = DecoderOnlyLM(n, 2 * n, 1, 2, pos_encoding="rotary", tie_embeddings=False, pad_id=PAD).eval()
+    lm = DecoderOnlyLM(n, 4 * n, 1, 2, pos_encoding="rotary", tie_embeddings=False, pad_id=PAD).eval()
     with torch.no_grad():
         for p in lm.layers.parameters():
             p.zero_()
-        lm.tok_embed.weight.copy_(torch.eye(n, 2 * n))
+        lm.tok_embed.weight.copy_(torch.eye(n, 4 * n))
         h = lm.norm(lm.tok_embed.weight)  # (n, D), rank n
         lm.lm_head.weight.copy_((torch.linalg.pinv(h) @ probs.log()).T)
     return lm
@@ -190,6 +210,29 @@ def test_beam_beats_greedy_on_hand_set_lm(alpha, use_cache):
     assert math.isclose(float(beam.scores[0]), beam_expected, abs_tol=1e-4)
     assert float(beam.scores[0]) > float(greedy.scores[0])
     assert beam.beam_tokens[0, 1].tolist() == [3, 5, EOS]  # the runner-up is greedy's answer
+
+
+def test_length_penalty_and_exact_stopping_rule():
+    """Tokens: 0 PAD, 1 BOS, 2 EOS, 3 A, 4 B, 5 C, 6 D, 7 F, 8 G. Finished early: [B, EOS]
+    (log 0.36) and [A, D, EOS] (log 0.18). The open beam A C F (log 0.173) is already worse
+    per token than both, but with alpha = 1 its near-certain continuation to [A, C, F, G, EOS]
+    scores best: the search must not stop when K hypotheses are finished."""
+    p = torch.full((9, 9), 1e-4)
+    p[BOS, 3], p[BOS, 4] = 0.5, 0.4
+    p[3, 6], p[3, 5] = 0.4, 0.35
+    p[4, EOS] = p[6, EOS] = 0.9
+    p[5, 7] = p[7, 8] = p[8, EOS] = 0.99
+    probs = p / p.sum(dim=1, keepdim=True)
+    lm, prompt = bigram_lm(probs), torch.tensor([[BOS]])
+    opts = dict(max_len=8, eos_id=EOS, pad_id=PAD)
+    assert greedy_decode(lm, prompt, **opts).tokens.tolist() == [[3, 6, EOS]]
+    short = beam_search(lm, prompt, beam_size=2, length_penalty=0.0, **opts)
+    assert unpad(short.tokens[0]) == [4, EOS]
+    long = beam_search(lm, prompt, beam_size=2, length_penalty=1.0, **opts)
+    assert unpad(long.tokens[0]) == [3, 5, 7, 8, EOS] and unpad(long.beam_tokens[0, 1]) == [4, EOS]
+    lp = probs.log()
+    expected = float(lp[BOS, 3] + lp[3, 5] + lp[5, 7] + lp[7, 8] + lp[8, EOS]) / 5
+    assert math.isclose(float(long.scores[0]), expected, abs_tol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["lm", "seq2seq"])
