@@ -100,7 +100,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "va
     from tk.core.data import LoaderSpec
     from tk.core.loop import evaluate_loader
     from tk.core.precision import Precision
-    from tk.core.train import resolve_device
+    from tk.core.device import resolve_device
 
     cfg, task_cls, path, state = _load(run_dir, checkpoint, overrides)
     device = resolve_device(cfg.train.device)

@@ -141,7 +141,8 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
     """
     from tk.core.config import load_config
     from tk.core.precision import Precision
-    from tk.core.train import Trainer, preflight
+    from tk.core.device import preflight
+    from tk.core.train import Trainer
 
     cfg, task_cls = load_config(recipe, list(overrides))
     dist = _init_distributed(cfg.train.device)

@@ -1,12 +1,15 @@
-"""Pieces of the training loop: the resumable stream of training batches, evaluation
-over a split, and RNG isolation (so evaluation and data replay never shift the random
-numbers training draws).
+"""Pieces of the training loop: the resumable stream of training batches, gradient
+scaling and clipping, stop signals, evaluation over a split, and RNG isolation (so
+evaluation and data replay never shift the random numbers training draws).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -14,7 +17,18 @@ from torch.utils.data import DataLoader
 
 from tk.core.errors import TkError
 
-__all__ = ["move_to_device", "preserved_rng", "BatchStream", "FixedBatches", "evaluate_loader"]
+__all__ = ["TrainingInterrupted", "move_to_device", "preserved_rng", "BatchStream", "FixedBatches",
+           "scale_and_clip_", "stop_signals", "config_diff", "evaluate_loader"]
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM stopped the run; a checkpoint of ``step`` was saved first."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        where = f"; checkpoint saved to {checkpoint}" if checkpoint else ""
+        super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}{where}; "
+                         f"continue with `tk run ... --resume`")
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -133,6 +147,79 @@ class FixedBatches:
         self.batch += 1
         self.epoch = self.batch // len(self.batches)
         return batch
+
+
+def scale_and_clip_(grads: list[torch.Tensor], scale: float | torch.Tensor, max_norm: float | None) -> torch.Tensor:
+    """Multiply ``grads`` by ``scale`` and clip their global L2 norm to ``max_norm``, in
+    one pass over the gradients (in place).
+
+    Args:
+        grads: the gradients.
+        scale: e.g. ``world_size / items`` (1.0 when the loss was normalised already).
+        max_norm: clipping threshold (None: no clipping).
+
+    Returns:
+        The global norm of ``grads * scale`` before clipping, a 0-dim tensor (reading
+        it is the caller's host sync). A non-finite norm clips nothing, so the
+        non-finite gradient stays findable.
+    """
+    if not grads:
+        return torch.zeros(())
+    norms = torch._foreach_norm(grads)
+    try:
+        norm = torch.linalg.vector_norm(torch.stack(norms).float()) * scale
+    except RuntimeError:  # gradients of mixed dtypes
+        norm = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) * scale
+    factor = scale
+    if max_norm is not None:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        factor = scale * torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
+    if torch.is_tensor(factor) or factor != 1.0:
+        factor = factor if torch.is_tensor(factor) else torch.tensor(factor, device=grads[0].device)
+        torch._foreach_mul_(grads, factor.float())
+    return norm
+
+
+@contextlib.contextmanager
+def stop_signals(on_signal: Callable[[int], None], rearm: bool = True) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to ``on_signal(signum)`` inside the block (main thread only).
+
+    Args:
+        on_signal: called from the handler; it should only set a flag.
+        rearm: put the previous handler back after the first signal, so a second one
+            acts at once (Ctrl-C twice). Off under torchrun, which passes the
+            terminal's Ctrl-C on a second time and escalates to SIGKILL itself.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def handler(signum, _frame):
+        on_signal(signum)
+        if rearm:
+            signal.signal(signum, previous[signum] if previous[signum] is not None else signal.SIG_DFL)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``["model.hidden: 32 -> 64", ...]`` for every leaf that differs."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b, path = old.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+    return out
+
 
 
 @torch.no_grad()

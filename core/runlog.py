@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLog", "ProgressBar", "format_duration"]
+__all__ = ["RunLog", "ProgressBar", "Throughput", "window_record", "train_line", "format_duration"]
 
 
 def format_duration(seconds: float) -> str:
@@ -155,3 +155,28 @@ class Throughput:
         now = time.perf_counter()
         elapsed, self._tic = now - self._tic, now
         return items / max(elapsed, 1e-9), elapsed
+
+
+def window_record(window: list[dict[str, float]], clock: Throughput) -> dict[str, Any]:
+    """The ``metrics.jsonl`` record of the updates since the last log (``Trainer.train_step``
+    results): item-weighted loss, last lr and grad norm, throughput, skipped updates,
+    the task's logs averaged; ``_seconds_per_step`` is for the caller's ETA."""
+    items = sum(s["items"] for s in window)
+    items_per_s, elapsed = clock.lap(items)
+    record: dict[str, Any] = {
+        "split": "train", "loss": sum(s["loss"] * s["items"] for s in window) / max(items, 1.0),
+        "lr": window[-1]["lr"], "grad_norm": window[-1]["grad_norm"], "items_per_s": items_per_s,
+        "skipped_steps": sum(s["skipped"] for s in window),
+    }
+    extra = {k for s in window for k in s} - {"loss", "grad_norm", "lr", "items", "skipped"}
+    record.update({k: sum(s.get(k, 0.0) for s in window) / len(window) for k in sorted(extra)})
+    record["_seconds_per_step"] = elapsed / max(len(window), 1)
+    return record
+
+
+def train_line(record: dict[str, Any], total_steps: int, eta: float) -> str:
+    """One console/``train.log`` line for a training record."""
+    skipped = f"  skipped {record['skipped_steps']:.0f}" if record["skipped_steps"] else ""
+    return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+            f"grad_norm {record['grad_norm']:.3f}  {record['items_per_s']:,.0f} items/s  "
+            f"eta {format_duration(eta)}{skipped}")

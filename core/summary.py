@@ -136,7 +136,7 @@ def recipe_summary(cfg, task_cls) -> str:
     from tk.core.data import LoaderSpec
     from tk.core.loop import move_to_device
     from tk.core.precision import Precision
-    from tk.core.train import enable_grad_checkpointing, resolve_device, seed_everything
+    from tk.core.device import enable_grad_checkpointing, resolve_device, seed_everything
 
     t = cfg.train
     seed_everything(t.seed)

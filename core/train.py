@@ -18,98 +18,25 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import random
 import signal
-import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from tk.core.config import RunConfig
 from tk.core.data import LoaderSpec
+from tk.core.device import enable_grad_checkpointing, preflight, resolve_device, seed_everything  # noqa: F401
 from tk.core.errors import TkError
-from tk.core.loop import BatchStream, FixedBatches, evaluate_loader, move_to_device, preserved_rng
-from tk.core.runlog import ProgressBar, RunLog, Throughput, format_duration
+from tk.core.loop import (BatchStream, FixedBatches, config_diff, evaluate_loader, move_to_device, preserved_rng,
+                          scale_and_clip_, stop_signals, TrainingInterrupted)
+from tk.core.runlog import ProgressBar, RunLog, Throughput, train_line, window_record
 from tk.core.summary import ActivationMeter, count_parameters, format_bytes
 from tk.core.task import StepOutput, Task
 
 __all__ = ["Trainer", "TrainingInterrupted", "resolve_device", "preflight", "seed_everything",
            "enable_grad_checkpointing", "move_to_device", "count_parameters"]
-
-
-class TrainingInterrupted(Exception):
-    """SIGINT/SIGTERM stopped the run; a checkpoint of ``step`` was saved first."""
-
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        where = f"; checkpoint saved to {checkpoint}" if checkpoint else ""
-        super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}{where}; "
-                         f"continue with `tk run ... --resume`")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``train.device`` -> a torch device ("auto" picks CUDA when available)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise TkError(f"train.device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from e
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TkError(f"train.device: {name!r} requested but CUDA is not available; use train.device=cpu")
-    return device
-
-
-def preflight(cfg: RunConfig) -> torch.device:
-    """Checks that need the machine (device, precision support), run before a run
-    directory is created. Raises TkError."""
-    from tk.core.precision import Precision
-
-    device = resolve_device(cfg.train.device)
-    Precision(cfg.train.precision, device)
-    return device
-
-
-def seed_everything(seed: int, deterministic: bool = False) -> None:
-    """Seed python, numpy and torch; optionally force deterministic kernels."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
-
-
-def _config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """``["model.hidden: 32 -> 64", ...]`` for every leaf that differs."""
-    out = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b, path = old.get(key), new.get(key), f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _config_diff(a, b, path + ".")
-        elif a != b:
-            out.append(f"{path}: {a!r} -> {b!r}")
-    return out
-
-
-def enable_grad_checkpointing(model: nn.Module) -> None:
-    """``train.grad_checkpointing``: recompute block activations in backward.
-
-    Raises:
-        TkError: the model has no ``set_grad_checkpointing`` (core ViT and timm have it).
-    """
-    enable = getattr(model, "set_grad_checkpointing", None)
-    if not callable(enable):
-        raise TkError(f"train.grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing(enable) "
-                      f"method (core ViT and timm models have one); add it to the model or set "
-                      f"train.grad_checkpointing=false")
-    enable(True)
 
 
 class Trainer:
@@ -274,7 +201,7 @@ class Trainer:
         grads = [p.grad for p in self._params if p.grad is not None]
         # The loss was summed over items; DDP averaged gradients over processes.
         scale = 1.0 if prescale else self.world_size / sums["items"].clamp(min=1)
-        norm = self._scale_and_clip(grads, scale)
+        norm = scale_and_clip_(grads, scale, self.tcfg.clip_grad_norm)
         # One host sync per update: it decides whether the update is applied (a NaN
         # update would ruin the weights) and brings back every number to log.
         keys = list(sums)
@@ -306,26 +233,6 @@ class Trainer:
         return {"loss": loss, "grad_norm": values["grad_norm"], "lr": lr, "items": items,
                 "skipped": 0.0 if took_step else 1.0, **logs}
 
-    def _scale_and_clip(self, grads: list[torch.Tensor], scale: float | torch.Tensor) -> torch.Tensor:
-        """Multiply the gradients by ``scale`` and clip them to ``train.clip_grad_norm``
-        in one pass; returns the global L2 norm before clipping (a tensor, no sync)."""
-        if not grads:
-            return torch.zeros((), device=self.device)
-        norms = torch._foreach_norm(grads)
-        try:
-            norm = torch.linalg.vector_norm(torch.stack(norms).float()) * scale
-        except RuntimeError:  # gradients of mixed dtypes
-            norm = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) * scale
-        factor = scale
-        clip = self.tcfg.clip_grad_norm
-        if clip is not None:  # clip only finite norms: a NaN factor would hide which grad was bad
-            coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
-            factor = scale * torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
-        if clip is not None or not isinstance(factor, float) or factor != 1.0:
-            factor = factor if torch.is_tensor(factor) else torch.tensor(factor, device=self.device)
-            torch._foreach_mul_(grads, factor.float())
-        return norm
-
     def _on_bad_step(self, loss: float, grad_norm: float) -> None:
         self.progress["bad_steps"] += 1
         culprit = next((self._param_names.get(id(p), "?") for p in self._params
@@ -341,7 +248,8 @@ class Trainer:
                 f"the task's loss for NaN/inf.{hint}{log}")
 
     # -- evaluation ------------------------------------------------------------------
-    def evaluate(self, split: str = "val", model: nn.Module | None = None, prefix: str | None = None) -> dict[str, float]:
+    def evaluate(self, split: str = "val", model: nn.Module | None = None,
+                 prefix: str | None = None) -> dict[str, float]:
         """Loss and task metrics over one split, merged across processes; the training
         RNG streams are left untouched.
 
@@ -409,7 +317,7 @@ class Trainer:
         naming the mismatching weights and the config settings that differ."""
         from tk.core.checkpoint import load_model_state, restore_rng_state
 
-        diff = _config_diff(state.get("config", {}), self.cfg.to_dict())
+        diff = config_diff(state.get("config", {}), self.cfg.to_dict())
         try:
             load_model_state(self.model, state["model"])
         except TkError as e:
@@ -474,7 +382,7 @@ class Trainer:
         bar = ProgressBar(self.total_steps, self.step) if self.tcfg.progress and self.is_main else None
         self.log.attach_bar(bar)
         try:
-            with self._signal_handlers():
+            with stop_signals(self._on_signal, rearm=self.world_size == 1):
                 results = self._loop(bar)
         finally:
             if bar is not None:
@@ -520,6 +428,9 @@ class Trainer:
                 clock.lap(0)  # throughput counts training time only
         return results
 
+    def _on_signal(self, signum: int) -> None:
+        self._signal_received = signum
+
     def _eval_due(self) -> bool:
         if self.step == self.total_steps:
             return True
@@ -527,49 +438,15 @@ class Trainer:
             return self.step % self.tcfg.eval_every == 0
         return self.step % self.steps_per_epoch == 0
 
-    @contextlib.contextmanager
-    def _signal_handlers(self) -> Iterator[None]:
-        """SIGINT/SIGTERM ask the loop to stop after the current update and save; in a
-        single process a second signal acts at once (the previous handler is back)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous: dict[int, Any] = {}
-
-        def handler(signum, _frame):
-            self._signal_received = signum
-            # Under torchrun the launcher passes the terminal's Ctrl-C on a second time
-            # (and escalates to SIGKILL itself), so only a single process re-arms.
-            if self.world_size == 1:
-                signal.signal(signum, previous[signum] if previous[signum] is not None else signal.SIG_DFL)
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, handler)
-        try:
-            yield
-        finally:
-            for signum, old in previous.items():
-                signal.signal(signum, old if old is not None else signal.SIG_DFL)
-
     def _log_train(self, window: list[dict[str, float]], clock: Throughput, bar: ProgressBar | None) -> None:
-        items = sum(s["items"] for s in window)
-        items_per_s, elapsed = clock.lap(items)
-        record = {"step": self.step, "epoch": self.step / self.steps_per_epoch, "split": "train",
-                  "loss": sum(s["loss"] * s["items"] for s in window) / max(items, 1.0),
-                  "lr": window[-1]["lr"], "grad_norm": window[-1]["grad_norm"], "items_per_s": items_per_s,
-                  "skipped_steps": sum(s["skipped"] for s in window)}
+        record = {"step": self.step, "epoch": self.step / self.steps_per_epoch, **window_record(window, clock)}
+        eta = (self.total_steps - self.step) * record.pop("_seconds_per_step")
         if self.precision.scaling is not None:
             record["loss_scale"] = self.precision.scaling.get_scale()
-        extra = {k for s in window for k in s} - {"loss", "grad_norm", "lr", "items", "skipped"}
-        record.update({k: sum(s.get(k, 0.0) for s in window) / len(window) for k in sorted(extra)})
         self.log.metrics(record)
-        eta = (self.total_steps - self.step) * elapsed / max(len(window), 1)
-        skipped = f"  skipped {record['skipped_steps']:.0f}" if record["skipped_steps"] else ""
-        self.log.echo(f"step {self.step}/{self.total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-                      f"grad_norm {record['grad_norm']:.3f}  {items_per_s:,.0f} items/s  "
-                      f"eta {format_duration(eta)}{skipped}", console=bar is None)
+        self.log.echo(train_line(record, self.total_steps, eta), console=bar is None)
         if bar is not None:
-            bar.show(record["loss"], record["lr"], items_per_s)
+            bar.show(record["loss"], record["lr"], record["items_per_s"])
 
     def _print_summary(self) -> None:
         total, trainable = count_parameters(self.model)

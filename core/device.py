@@ -1,0 +1,64 @@
+"""Where and how a run computes: device choice, machine checks before a run starts,
+seeding and deterministic kernels, activation checkpointing."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+from tk.core.errors import TkError
+
+__all__ = ["resolve_device", "preflight", "seed_everything", "enable_grad_checkpointing"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``train.device`` -> a torch device ("auto" picks CUDA when available)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise TkError(f"train.device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TkError(f"train.device: {name!r} requested but CUDA is not available; use train.device=cpu")
+    return device
+
+
+def preflight(cfg) -> torch.device:
+    """Checks that need the machine (device, precision support), run before a run
+    directory is created. Raises TkError."""
+    from tk.core.precision import Precision
+
+    device = resolve_device(cfg.train.device)
+    Precision(cfg.train.precision, device)
+    return device
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch; optionally force deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+
+
+def enable_grad_checkpointing(model: nn.Module) -> None:
+    """``train.grad_checkpointing``: recompute block activations in backward.
+
+    Raises:
+        TkError: the model has no ``set_grad_checkpointing`` (core ViT and timm have it).
+    """
+    enable = getattr(model, "set_grad_checkpointing", None)
+    if not callable(enable):
+        raise TkError(f"train.grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing(enable) "
+                      f"method (core ViT and timm models have one); add it to the model or set "
+                      f"train.grad_checkpointing=false")
+    enable(True)
