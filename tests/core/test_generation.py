@@ -405,3 +405,18 @@ def test_errors():
         generate(make_seq2seq(), sources()[0], cfg(bos_id=None))
     with pytest.raises(TypeError, match="cannot generate"):
         generate(torch.nn.Linear(2, 2).eval(), prompts, cfg())
+
+
+@pytest.mark.xfail(strict=True, reason="decode_step takes one position offset per batch (see report)")
+def test_left_padded_prefill_matches_unpadded_with_absolute_positions():
+    """Why generation uses per-row lengths, not left padding: ``DecoderOnlyLM.decode_step``
+    documents ``key_padding_mask`` "e.g. for left-padded prompts", but with absolute
+    positions (learned/sinusoidal) left padding shifts the real tokens' positions, so the
+    masked prompt does not continue like the unpadded one (exact with rotary only). A fix
+    would be per-row positions (B, Tn) in ``decode_step``."""
+    lm = make_lm("learned")
+    prompt, padded = torch.tensor([[5, 6, 7]]), torch.tensor([[PAD, PAD, 5, 6, 7]])
+    with torch.no_grad():
+        alone = lm.decode_step(prompt, lm.init_cache(1, 8))[:, -1]
+        masked = lm.decode_step(padded, lm.init_cache(1, 8), key_padding_mask=padded.eq(PAD))[:, -1]
+    assert torch.allclose(alone, masked, atol=1e-5)
