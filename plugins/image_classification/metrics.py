@@ -1,0 +1,90 @@
+"""Per-class accuracy and the confusion matrix, written as a table and a PNG after evaluation."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from tk.core.metrics import Metric
+
+
+class ConfusionMatrix(Metric):
+    """Counts (true class, predicted class) pairs; reports the mean per-class accuracy.
+
+    ``compute`` returns ``{"mean_class_acc": ...}`` (balanced accuracy, over classes seen)
+    and, when ``out_dir`` is set, writes (on rank 0 only) ``{out_dir}/{split}_per_class.tsv``
+    (class, images, correct, accuracy) and ``{out_dir}/{split}_confusion.png``.
+
+    Args:
+        class_names: the C class names, in label order.
+        out_dir: where to write the files; None writes nothing.
+        split: prefix of the file names.
+    """
+
+    def __init__(self, class_names: Sequence[str], out_dir: str | None = None, split: str = "val") -> None:
+        super().__init__()
+        self.class_names = list(class_names)
+        self.out_dir, self.split = out_dir, split
+        C = len(self.class_names)
+        self.add_state("matrix", torch.zeros(C, C, dtype=torch.long))  # rows: true, cols: predicted
+
+    def update(self, out: Any, batch: Mapping[str, Any]) -> None:
+        logits = out.outputs.detach()
+        target = batch["labels"].to(logits.device)
+        if target.ndim == 2:  # soft targets: count the dominant class
+            target = target.argmax(-1)
+        C = len(self.class_names)
+        pred = logits.argmax(-1)
+        pairs = torch.bincount(target * C + pred, minlength=C * C).view(C, C)
+        self.matrix += pairs.to(self.matrix.device)
+
+    def per_class(self) -> list[tuple[str, int, int, float]]:
+        """Rows of (class name, images, correct, accuracy); accuracy is NaN for unseen classes."""
+        m = self.matrix.cpu()
+        totals, correct = m.sum(1).tolist(), m.diagonal().tolist()
+        return [(name, n, c, c / n if n else float("nan"))
+                for name, n, c in zip(self.class_names, totals, correct)]
+
+    def compute(self) -> dict[str, float]:
+        rows = self.per_class()
+        seen = [acc for _, n, _, acc in rows if n]
+        if self.out_dir and (not dist.is_initialized() or dist.get_rank() == 0):
+            self.write(rows)
+        return {"mean_class_acc": sum(seen) / len(seen) if seen else float("nan")}
+
+    def write(self, rows: list[tuple[str, int, int, float]]) -> None:
+        """Write the per-class table and the confusion-matrix PNG into ``out_dir``."""
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"{self.split}_per_class.tsv"), "w", encoding="utf-8") as f:
+            f.write("class\timages\tcorrect\taccuracy\n")
+            for name, n, c, acc in rows:
+                f.write(f"{name}\t{n}\t{c}\t{acc:.4f}\n")
+        save_confusion_png(self.matrix.cpu(), self.class_names,
+                           os.path.join(self.out_dir, f"{self.split}_confusion.png"))
+
+
+def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: str) -> None:
+    """Row-normalised (C, C) confusion matrix as a heat map (matplotlib, Agg canvas)."""
+    # Figure + FigureCanvasAgg directly: no pyplot, so no global backend switch or GUI
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    C = matrix.shape[0]
+    rates = matrix.double() / matrix.sum(1, keepdim=True).clamp(min=1)
+    side = min(4 + 0.35 * C, 24)
+    fig = Figure(figsize=(side, side * 0.85))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(rates.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if C <= 30:  # beyond that, names overlap: leave index ticks
+        ax.set_xticks(range(C), list(class_names), rotation=90, fontsize=8)
+        ax.set_yticks(range(C), list(class_names), fontsize=8)
+    ax.set_title(f"confusion matrix (row-normalised), {int(matrix.sum())} images")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
