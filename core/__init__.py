@@ -25,6 +25,9 @@ _EXPORTS: dict[str, str] = {
     "TransformerEncoder": "transformer", "TransformerDecoder": "transformer",
     "EncoderDecoder": "transformer", "DecoderOnlyLM": "transformer", "DecoderCache": "transformer",
     "VisionTransformer": "vit", "convert_timm_vit_state_dict": "vit", "load_timm_vit": "vit",
+    # generation
+    "generate": "generation", "GenerationConfig": "generation", "greedy_decode": "generation",
+    "beam_search": "generation", "sample": "generation",
     # the task contract and the engine
     "Task": "task", "StepOutput": "task", "LoaderSpec": "data", "TkError": "errors",
     "RunConfig": "config", "TrainConfig": "config", "load_config": "config",

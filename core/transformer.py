@@ -463,7 +463,11 @@ class DecoderOnlyLM(nn.Module):
             pos_offset: position of ``tokens_new[:, 0]`` for the learned/sinusoidal table;
                 default ``cache.length``. Rotary embeddings always use ``cache.length``.
             key_padding_mask: (B, cache.length + Tn) bool over ALL keys (cached + new), True
-                at padding, e.g. for left-padded prompts. Not derived from ``pad_id`` here.
+                at padding. Not derived from ``pad_id`` here. Note: with learned or
+                sinusoidal positions a left-padded prompt still shifts the positions of its
+                real tokens (one ``pos_offset`` per batch), so it does not continue exactly
+                like the unpadded prompt; only rotary positions are unaffected. Generation
+                therefore right-pads prompts (see ``tk.core.generation``).
 
         Returns:
             logits (B, Tn, V) for the new positions.
