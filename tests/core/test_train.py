@@ -196,3 +196,25 @@ def test_torch_compile_trains(toy_site, tmp_path):
     t = make_trainer(tmp_path, "toy", ["train.compile=true", "train.max_steps=10", "train.batch_size=32"])
     losses = [t.train_step()["loss"] for _ in range(10)]
     assert losses[-1] < losses[0]
+
+
+def test_grad_checkpointing_of_the_core_vit_saves_activation_memory_with_equal_gradients():
+    from tk.core.summary import ActivationMeter
+    from tk.core.train import enable_grad_checkpointing
+    from tk.core.vit import VisionTransformer
+
+    measured, grads = [], []
+    x = torch.randn(4, 3, 16, 16)
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = VisionTransformer(img_size=16, patch_size=4, num_classes=5, dim=32, depth=3, num_heads=2).train()
+        if checkpointing:
+            enable_grad_checkpointing(model)
+        with ActivationMeter(model) as meter:
+            loss = model(x).square().sum()
+        loss.backward()
+        measured.append(meter.bytes)
+        grads.append([p.grad for p in model.parameters()])
+    assert measured[1] < 0.5 * measured[0]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
