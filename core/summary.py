@@ -87,7 +87,8 @@ def module_output_shapes(model: nn.Module, run: Callable[[], Any]) -> list[dict[
         run: runs one forward pass, e.g. ``lambda: task.loss(model, batch)``.
 
     Returns:
-        One dict per call: ``{"name", "type", "shape", "params"}``.
+        One dict per call: ``{"name", "path", "depth", "type", "shape", "params"}``
+        (``depth``: shown ancestors, for indentation).
     """
     rows: list[dict[str, Any]] = []
     names = {m: n for n, m in model.named_modules()}
@@ -95,7 +96,7 @@ def module_output_shapes(model: nn.Module, run: Callable[[], Any]) -> list[dict[
     def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
         name = names[module]
         own = sum(p.numel() for p in module.parameters(recurse=False))
-        rows.append({"name": name or f"({type(model).__name__})", "depth": name.count(".") + 1 if name else 0,
+        rows.append({"name": name or f"({type(model).__name__})", "path": name,
                      "type": type(module).__name__, "shape": _shape(output), "params": own})
 
     handles = [m.register_forward_hook(hook) for m in names]
@@ -109,6 +110,11 @@ def module_output_shapes(model: nn.Module, run: Callable[[], Any]) -> list[dict[
     if len({r["name"] for r in rows}) == len(rows):
         order = {(n or f"({type(model).__name__})"): i for i, n in enumerate(names.values())}
         rows.sort(key=lambda r: order[r["name"]])
+    # indent under the shown ancestors (containers such as ModuleList never run)
+    shown = {r["path"] for r in rows}
+    for r in rows:
+        parts = r["path"].split(".")
+        r["depth"] = 0 if not r["path"] else 1 + sum(".".join(parts[:i]) in shown for i in range(1, len(parts)))
     return rows
 
 
