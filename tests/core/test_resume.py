@@ -93,8 +93,8 @@ def resume(env, run_dir: Path) -> None:
 
 def test_resume_after_sigkill_is_exact(env):
     run_dir = env["root"] / "killed"
-    # a checkpoint after every update; 30 ms per batch leaves time to kill mid-run
-    proc = start(env, run_dir, "train.save_every=1", "data.delay=0.03")
+    # a checkpoint after every update; 50 ms per batch leaves time to kill mid-run
+    proc = start(env, run_dir, "train.save_every=1", "data.delay=0.05")
     wait_for(lambda: (run_dir / "checkpoints" / "step_00000010.pt").exists(), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
