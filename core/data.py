@@ -3,11 +3,15 @@ task, and a default loader that shards across processes."""
 
 from __future__ import annotations
 
+import functools
+import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 
 @dataclass
@@ -37,6 +41,8 @@ class LoaderSpec:
 def build_sampler(dataset: Dataset, spec: LoaderSpec) -> torch.utils.data.Sampler:
     """A sampler that shards across ``spec.world_size`` processes and whose order is a
     pure function of (seed, epoch), so a resumed run sees the same batches."""
+    if spec.world_size > 1 and not spec.shuffle and not spec.drop_last:
+        return ShardSampler(dataset, rank=spec.rank, world_size=spec.world_size)
     if spec.world_size > 1:
         return DistributedSampler(
             dataset, num_replicas=spec.world_size, rank=spec.rank, shuffle=spec.shuffle,
@@ -64,15 +70,51 @@ class EpochSeededRandomSampler(RandomSampler):
         yield from torch.randperm(len(self.data_source), generator=g).tolist()
 
 
+class ShardSampler(Sampler[int]):
+    """Evaluation sharding without padding: rank r reads items r, r + W, r + 2W, ...
+
+    DistributedSampler pads the last round with repeated items so every rank has the
+    same count; summed evaluation metrics would then count those items twice.
+    """
+
+    def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
+        self.size, self.rank, self.world_size = len(dataset), rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(range(self.rank, self.size, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.world_size))
+
+
+def seed_worker(worker_id: int, seed: int, rank: int, sampler: Sampler) -> None:
+    """Seed a loader worker from (seed, epoch, rank, worker) alone, so the random
+    augmentations of a pass are the same in a resumed run as in the original one."""
+    epoch = getattr(sampler, "epoch", 0)  # the sampler was copied into the worker at fork
+    worker_seed = int(np.random.SeedSequence([seed, epoch, rank, worker_id]).generate_state(1)[0])
+    random.seed(worker_seed)
+    np.random.seed(worker_seed)
+    torch.manual_seed(worker_seed)
+
+
 def build_loader(dataset: Dataset, spec: LoaderSpec, collate_fn: Callable[[list], Any] | None = None) -> DataLoader:
     """The default loader: sharded, epoch-seeded sampling, ``collate_fn`` batching."""
+    sampler = build_sampler(dataset, spec)
+    # Workers are re-created (and re-seeded by seed_worker) every pass rather than kept
+    # alive, so their random state never depends on how many passes came before a resume.
+    init = functools.partial(seed_worker, seed=spec.seed, rank=spec.rank, sampler=sampler) \
+        if spec.num_workers > 0 else None
     return DataLoader(
         dataset,
         batch_size=spec.batch_size,
-        sampler=build_sampler(dataset, spec),
+        sampler=sampler,
         drop_last=spec.drop_last,
         num_workers=spec.num_workers,
         collate_fn=collate_fn,
         pin_memory=spec.pin_memory,
-        persistent_workers=spec.num_workers > 0,
+        worker_init_fn=init,
     )
