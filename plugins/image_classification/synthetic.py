@@ -55,7 +55,7 @@ def render_shape(rng: np.random.Generator, label: int, size: int = 32) -> np.nda
         label: class index in ``[0, 10)``.
         size: image side in pixels.
     """
-    radius = rng.uniform(0.25, 0.42) * size
+    radius = rng.uniform(0.3, 0.45) * size
     cx, cy = rng.uniform(radius * 0.8, size - radius * 0.8, size=2)
     angle = rng.uniform(0.0, 2.0 * np.pi)
     ys, xs = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
@@ -68,7 +68,7 @@ def render_shape(rng: np.random.Generator, label: int, size: int = 32) -> np.nda
     # sign, which a linear patch embedding picks up quickly
     bg = rng.uniform(0.0, 0.45, size=3)
     fg = rng.uniform(0.55, 1.0, size=3)
-    img = np.where(mask, fg, bg) + rng.normal(0.0, 0.06, size=(size, size, 3))
+    img = np.where(mask, fg, bg) + rng.normal(0.0, 0.05, size=(size, size, 3))
     return (np.clip(img, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 

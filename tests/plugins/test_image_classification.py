@@ -1,5 +1,6 @@
 """Tests for the image_classification plugin: data sources, Mixup, loss, models, metrics, predict."""
 
+import json
 import logging
 import os
 import pickle
@@ -251,3 +252,28 @@ def test_predict_and_class_names_round_trip(tmp_path):
     assert top[0]["prob"] == pytest.approx(probs.max().item(), abs=1e-6)
     with pytest.raises(TkError, match="cannot read image"):
         restored.predict(model, [str(tmp_path / "missing.png")])
+
+
+@pytest.mark.slow
+def test_quickstart_learns(tmp_path):
+    """A shortened quickstart through `tk run`, then `tk predict`'s path on the run dir."""
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+    from tk.core.inference import load_run
+
+    run_dir = tmp_path / "run"
+    args = ["run", "quickstart", f"output_dir={run_dir}", "train.max_steps=250", "train.batch_size=32",
+            "data.num_val=500", "train.progress=false", "train.seed=0"]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    top1 = [m["val/top1"] for m in metrics if "val/top1" in m][-1]
+    assert top1 > 0.3, f"quickstart top-1 {top1:.3f} is not well above chance (0.1)"
+    assert (run_dir / "eval" / "val_confusion.png").is_file()
+
+    task, model = load_run(run_dir, "last")
+    img, label = SyntheticShapes(1, split="test", seed=3)[0]
+    img.save(tmp_path / "shape.png")
+    [pred] = task.predict(model, [str(tmp_path / "shape.png")], top_k=2)
+    assert task.class_names == list(SyntheticShapes.classes) and len(pred["top_k"]) == 2
