@@ -6,8 +6,10 @@ torchrun: https://pytorch.org/docs/stable/elastic/run.html
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -107,6 +109,22 @@ def barrier() -> None:
     """Wait for all processes (no-op in a single process)."""
     if is_distributed():
         dist.barrier()
+
+
+@contextlib.contextmanager
+def main_process_first() -> Iterator[None]:
+    """Run the block on rank 0 first, then on the other ranks.
+
+    For one-time preparation that writes shared files (dataset downloads, tokenizer
+    training): rank 0 does the work while the others wait, then they find it done.
+    """
+    if is_distributed() and dist.get_rank() != 0:
+        dist.barrier()
+    try:
+        yield
+    finally:
+        if is_distributed() and dist.get_rank() == 0:
+            dist.barrier()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -149,12 +149,18 @@ class Throughput:
 
     def __init__(self) -> None:
         self._tic = time.perf_counter()
+        self._excluded = 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` (evaluation, checkpointing) out of the current lap."""
+        self._excluded += seconds
 
     def lap(self, items: float) -> tuple[float, float]:
-        """(items per second, seconds) since the previous lap."""
+        """(items per second, training seconds) since the previous lap."""
         now = time.perf_counter()
-        elapsed, self._tic = now - self._tic, now
-        return items / max(elapsed, 1e-9), elapsed
+        elapsed = max(now - self._tic - self._excluded, 1e-9)
+        self._tic, self._excluded = now, 0.0
+        return items / elapsed, elapsed
 
 
 def window_record(window: list[dict[str, float]], clock: Throughput) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from torch import nn
 
 from tk.core.config import RunConfig
 from tk.core.data import LoaderSpec
+from tk.core.distributed import main_process_first
 from tk.core.device import enable_grad_checkpointing, preflight, resolve_device, seed_everything  # noqa: F401
 from tk.core.errors import TkError
 from tk.core.loop import (BatchStream, FixedBatches, config_diff, evaluate_loader, move_to_device, preserved_rng,
@@ -69,8 +71,9 @@ class Trainer:
         self.precision = Precision(t.precision, self.device)
 
         self.task = task_cls(cfg)
-        self.task.setup(str(self.run_dir) if self.run_dir else None)
-        self.train_loader = self._loader("train", training=True)
+        with main_process_first():  # rank 0 downloads/prepares data; the others then reuse it
+            self.task.setup(str(self.run_dir) if self.run_dir else None)
+            self.train_loader = self._loader("train", training=True)
         self.val_loader = None  # built on first evaluation
         self.batches, self.steps_per_epoch = self._batch_stream()
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
@@ -408,6 +411,7 @@ class Trainer:
                 self._log_train(window, clock, bar)
                 window = []
             evaluated, metric = self._eval_due(), None
+            paused = time.perf_counter()
             if evaluated:
                 results, metric = self._evaluate_and_track()
             if evaluated or (self.tcfg.save_every and self.step % self.tcfg.save_every == 0):
@@ -424,8 +428,7 @@ class Trainer:
                               f"evaluations (best {self.progress['best_value']:.4f} at step "
                               f"{self.progress['best_step']})")
                 break
-            if evaluated:
-                clock.lap(0)  # throughput counts training time only
+            clock.exclude(time.perf_counter() - paused)  # throughput counts training time only
         return results
 
     def _on_signal(self, signum: int) -> None:
