@@ -130,6 +130,18 @@ def _init_distributed(device: str):
     return init_distributed(kind)
 
 
+def _discard_new_run(run_dir: Path, existed: bool) -> None:
+    """Remove what a run that failed during set-up wrote (its dir was empty before)."""
+    if not existed:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for child in run_dir.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 def run_training(recipe: str, overrides: list[str], resume: bool = False, overwrite: bool = False,
                  echo: Callable[[str], None] = print) -> dict[str, float]:
     """``tk run``: load the recipe, prepare the run dir (rank 0), train, return the last
@@ -153,6 +165,8 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
             Precision(cfg.train.precision, dist.device)
         is_main = dist is None or dist.rank == 0
 
+        existed = Path(cfg.output_dir).exists()
+
         def prepare() -> Path:
             run_dir = prepare_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
             if not resume:
@@ -163,7 +177,12 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         if is_main:
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
-        trainer = Trainer(cfg, task_cls, run_dir, dist)
+        try:
+            trainer = Trainer(cfg, task_cls, run_dir, dist)
+        except TkError:  # e.g. missing data: leave no half-made run dir behind
+            if is_main and not resume:
+                _discard_new_run(run_dir, existed)
+            raise
         if resume:
             trainer.resume()
             if is_main:  # the settings the run continues with (e.g. a longer max_steps)

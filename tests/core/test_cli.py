@@ -165,3 +165,11 @@ def test_failure_during_run_exits_1_with_one_line(toy_site, tmp_path):
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: RuntimeError: 2 non-finite steps in a row")
     assert result.stderr.count("\n") == 1 and "--debug" in result.stderr
+
+
+def test_missing_data_leaves_no_half_made_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", "quickstart", "data.source=imagefolder",
+                                      f"data.root={tmp_path / 'no_such_folder'}", f"output_dir={run_dir}"])
+    assert result.exit_code == 2 and "no_such_folder" in result.stderr
+    assert not run_dir.exists()  # the next `tk run` needs no --overwrite
