@@ -55,9 +55,19 @@ def prepare_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
     """
     run_dir = check_run_dir(output_dir, resume, overwrite)
     if not resume and overwrite and run_dir.exists() and any(run_dir.iterdir()):
-        shutil.rmtree(run_dir)
+        # Set the old run aside rather than deleting it: it is deleted once the new run
+        # has passed set-up, and put back if set-up fails (see run_training).
+        aside = set_aside_path(run_dir)
+        if aside.exists():
+            shutil.rmtree(aside)
+        run_dir.rename(aside)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def set_aside_path(run_dir: Path) -> Path:
+    """Where ``--overwrite`` keeps the previous run until the new one has started."""
+    return run_dir.parent / f".{run_dir.name}.tk-overwritten"
 
 
 def launch_command(nproc_per_node: int, tk_args: list[str]) -> list[str]:
@@ -131,9 +141,13 @@ def _init_distributed(device: str):
 
 
 def _discard_new_run(run_dir: Path, existed: bool) -> None:
-    """Remove what a run that failed during set-up wrote (its dir was empty before)."""
-    if not existed:
+    """Remove what a run that failed during set-up wrote, and put back the run that
+    ``--overwrite`` had set aside (if any)."""
+    aside = set_aside_path(run_dir)
+    if not existed or aside.exists():
         shutil.rmtree(run_dir, ignore_errors=True)
+        if aside.exists():
+            aside.rename(run_dir)
         return
     for child in run_dir.iterdir():
         if child.is_dir():
@@ -183,6 +197,8 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
             if is_main and not resume:
                 _discard_new_run(run_dir, existed)
             raise
+        if is_main:
+            shutil.rmtree(set_aside_path(run_dir), ignore_errors=True)  # the overwritten run
         if resume:
             trainer.resume()
             if is_main:  # the settings the run continues with (e.g. a longer max_steps)

@@ -148,6 +148,7 @@ def test_overwrite_refuses_non_run_dirs_and_resume_continues(toy_site, toy_recip
     assert steps == [20, 40]
     assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", "--overwrite").exit_code == 0
     assert [r["step"] for r in read_metrics(run_dir) if r["split"] == "val"] == [20, 40]
+    assert not list(tmp_path.glob(".*tk-overwritten"))  # the replaced run is gone once the new one started
 
 
 def test_machine_problems_are_caught_before_the_run_dir_is_made(toy_site, toy_recipe, tmp_path):
@@ -173,3 +174,15 @@ def test_missing_data_leaves_no_half_made_run_dir(tmp_path):
                                       f"data.root={tmp_path / 'no_such_folder'}", f"output_dir={run_dir}"])
     assert result.exit_code == 2 and "no_such_folder" in result.stderr
     assert not run_dir.exists()  # the next `tk run` needs no --overwrite
+
+
+def test_overwrite_keeps_the_old_run_when_the_new_one_fails_to_start(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("task: image_classification\n")
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    before = snapshot(tmp_path)
+    result = CliRunner().invoke(cli, ["run", "quickstart", "data.source=imagefolder", "--overwrite",
+                                      f"data.root={tmp_path / 'no_such_folder'}", f"output_dir={run_dir}"])
+    assert result.exit_code == 2
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
