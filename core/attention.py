@@ -120,6 +120,10 @@ def scaled_dot_product_attention(
         ), None
     # Rows with every key masked: let the kernel see them unmasked, zero their output after.
     fully_masked = mask.all(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
+    if q.device.type == "cpu" and not fully_masked.any():  # no device sync to fear on CPU
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=scale, **extra
+        ), None
     allowed = ~mask | fully_masked  # SDPA convention: True = may attend
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale, **extra)
     return out.masked_fill(fully_masked, 0.0), None
