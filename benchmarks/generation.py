@@ -4,11 +4,19 @@ Greedy decoding of 256 new tokens from a batch of prompts on a decoder-only LM (
 dim 256): the cached path feeds one token per step through ``decode_step``; the uncached
 reference recomputes the whole prefix every step. Target: cached >= 10x faster (a simple
 cache measured 17.7x on the lead's machine). Also timed: a bare ``decode_step`` + argmax
-loop (the overhead of the generation API on top of the model), and beam search (beam 4,
-a quarter of the tokens) cached vs uncached. All variants run interleaved (random order
-per repetition); medians over repetitions. Every run checks cached == uncached tokens.
-Last, the cost of one cached step with a short and with a full cache (only attention
-should grow with the cache; per-step copying of the cache would show here).
+loop (the overhead of the generation API on top of the model), beam search (beam 4,
+a quarter of the tokens) cached vs uncached, and the yardstick of the target: a minimal
+nanoGPT-style reference model (``ReferenceLM`` below: same weights, a ``torch.cat`` cache,
+``F.scaled_dot_product_attention``) decoding the same prompts cached and uncached. All
+variants run interleaved (random order per repetition); medians over repetitions. Every
+run checks that all greedy variants produce the same tokens. Last, the cost of one cached
+step with a short and with a full cache (only attention should grow with the cache;
+per-step copying of the cache would show here).
+
+The cached/uncached ratio depends on the machine and the batch: a cached step is a chain
+of small (B x D) GEMMs, bound by weight reads and per-op overhead, while recomputation
+runs large GEMMs that use every core. Compare tk's ratio with the reference's, measured
+in the same run.
 
     python benchmarks/generation.py --quick     # smoke run (seconds)
     python benchmarks/generation.py             # full run (the lead runs it on an idle machine)
@@ -27,6 +35,8 @@ import time
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from tk.core.generation import GenerationConfig, generate
 from tk.core.transformer import DecoderOnlyLM
@@ -47,6 +57,82 @@ def bare_loop(model: DecoderOnlyLM, prompt: torch.Tensor, steps: int) -> torch.T
         out.append(logits.argmax(-1, keepdim=True))
         if i + 1 < steps:
             logits = model.decode_step(out[-1], cache)[:, -1]
+    return torch.cat(out, dim=1)
+
+
+class _RefAttention(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+
+class _RefMlp(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+
+class _RefLayer(nn.Module):
+    """Pre-norm GPT block written out in one function (nanoGPT style); the KV cache is a
+    dict whose keys/values grow by ``torch.cat`` every step."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.self_attn, self.mlp = _RefAttention(dim), _RefMlp(dim)
+
+    def forward(self, x: Tensor, cache: dict[str, Tensor] | None) -> Tensor:
+        B, T, D = x.shape
+        q, k, v = self.self_attn.qkv(self.norm1(x)).split(D, dim=-1)
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        # T > 1 only for a prompt on an empty cache or for recomputation: plain causal.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        x = x + self.self_attn.proj(y.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp.fc2(F.gelu(self.mlp.fc1(self.norm2(x))))
+
+
+class ReferenceLM(nn.Module):
+    """The target's yardstick, "a simple cache": the same architecture as tk's default
+    ``DecoderOnlyLM`` (learned positions, pre-norm, GELU, tied head) with parameter names
+    that match, so ``load_state_dict`` copies tk's weights and both decode the same tokens."""
+
+    def __init__(self, vocab: int, dim: int, depth: int, heads: int, max_len: int) -> None:
+        super().__init__()
+        self.tok_embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(max_len, dim)
+        self.layers = nn.ModuleList(_RefLayer(dim, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.tok_embed.weight
+
+    def forward(self, idx: Tensor, caches: list[dict] | None = None, offset: int = 0) -> Tensor:
+        x = self.tok_embed(idx) + self.pos.weight[offset : offset + idx.shape[1]]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if caches is None else caches[i])
+        return self.lm_head(self.norm(x))
+
+
+@torch.no_grad()
+def reference_greedy(model: ReferenceLM, prompt: Tensor, steps: int, use_cache: bool) -> Tensor:
+    """Greedy decoding with the reference: cached (one token per step) or recomputing the
+    whole sequence every step (logits for every position, the last one used)."""
+    out = []
+    if use_cache:
+        caches: list[dict] = [{} for _ in model.layers]
+        logits = model(prompt, caches)[:, -1]
+        for i in range(steps):
+            out.append(logits.argmax(-1, keepdim=True))
+            if i + 1 < steps:
+                logits = model(out[-1], caches, prompt.shape[1] + i)[:, -1]
+        return torch.cat(out, dim=1)
+    seq = prompt
+    for _ in range(steps):
+        out.append(model(seq)[:, -1].argmax(-1, keepdim=True))
+        seq = torch.cat([seq, out[-1]], dim=1)
     return torch.cat(out, dim=1)
 
 
@@ -108,6 +194,8 @@ def main() -> None:
     torch.manual_seed(0)
     random.seed(0)
     model = DecoderOnlyLM(1000, dim, depth, heads, max_len=1024).to(device).eval()
+    reference = ReferenceLM(1000, dim, depth, heads, max_len=1024).to(device).eval()
+    reference.load_state_dict(model.state_dict())
     prompt = torch.randint(3, 1000, (args.batch, args.prompt_len), device=device)
 
     def run(strategy: str, use_cache: bool, n: int) -> Callable[[], torch.Tensor]:
@@ -121,11 +209,14 @@ def main() -> None:
         "bare decode_step loop": lambda: bare_loop(model, prompt, tokens),
         "beam4 cached": run("beam", True, beam_tokens),
         "beam4 uncached": run("beam", False, beam_tokens),
+        "reference cached": lambda: reference_greedy(reference, prompt, tokens, True),
+        "reference uncached": lambda: reference_greedy(reference, prompt, tokens, False),
     }
     med, outs = time_interleaved(fns, reps, device)
     same = torch.equal(outs["greedy cached"], outs["greedy uncached"])
     same_beam = torch.equal(outs["beam4 cached"], outs["beam4 uncached"])
     same_bare = torch.equal(outs["greedy cached"], outs["bare decode_step loop"])
+    same_ref = all(torch.equal(outs["greedy cached"], outs[f"reference {k}"]) for k in ("cached", "uncached"))
     short, long = args.prompt_len, args.prompt_len + tokens
     steps = step_costs(model, prompt, (short, long), 10 if args.quick else 40, device)
 
@@ -139,15 +230,23 @@ def main() -> None:
     beam_speedup = med["beam4 uncached"] / med["beam4 cached"]
     overhead = med["greedy cached"] / med["bare decode_step loop"]
     print(f"greedy: cached {speedup:.2f}x faster than recomputation (target >= 10x); tokens equal: {same}")
+    ref_speedup = med["reference uncached"] / med["reference cached"]
+    vs_ref = med["greedy cached"] / med["reference cached"]
+    print(f"reference (simple cache): cached {ref_speedup:.2f}x faster than its recomputation; "
+          f"tokens equal to tk's: {same_ref}")
+    print(f"tk cached / reference cached time: {vs_ref:.3f} (< 1: tk's cache is faster); "
+          f"tk uncached / reference uncached: {med['greedy uncached'] / med['reference uncached']:.3f}")
     print(f"beam4: cached {beam_speedup:.2f}x faster; tokens equal: {same_beam}")
     print(f"generate() / bare loop: {overhead:.3f} (tokens equal: {same_bare})")
     print(f"cached decode_step: {steps[short] * 1e3:.3f} ms with {short} cached positions, "
           f"{steps[long] * 1e3:.3f} ms with {long}")
     print(json.dumps({
         "benchmark": "generation", "device": device.type, "tokens": tokens, "batch": args.batch,
-        "speedup_cached": round(speedup, 3), "beam4_speedup_cached": round(beam_speedup, 3),
+        "threads": torch.get_num_threads(),
+        "speedup_cached": round(speedup, 3), "reference_speedup_cached": round(ref_speedup, 3),
+        "cached_time_vs_reference": round(vs_ref, 3), "beam4_speedup_cached": round(beam_speedup, 3),
         "generate_overhead_vs_bare_loop": round(overhead, 3), "step_ms_short_cache": round(steps[short] * 1e3, 4),
-        "step_ms_long_cache": round(steps[long] * 1e3, 4), "tokens_equal": same and same_beam,
+        "step_ms_long_cache": round(steps[long] * 1e3, 4), "tokens_equal": same and same_beam and same_ref,
     }))
 
 

@@ -190,7 +190,8 @@ class TokenEmbedding(nn.Embedding):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) ids -> (B, T, D)."""
-        return super().forward(tokens) * self.scale
+        x = super().forward(tokens)
+        return x if self.scale == 1.0 else x * self.scale  # skip a full pass (and a decode-step op)
 
 
 def sincos_pos_embed_2d(dim: int, grid: tuple[int, int], temperature: float = 10000.0) -> Tensor:
