@@ -371,5 +371,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.attn_drop if self.training else 0.0,
             need_weights=need_weights or not self.fused_attn,
         )
-        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, Tq, self.dim)))  # (B, Tq, D)
+        out = self.proj(out.transpose(1, 2).reshape(B, Tq, self.dim))  # (B, Tq, D)
+        if self.training:  # dropout is the identity in eval (skipped: per-token decoding overhead)
+            out = self.proj_drop(out)
         return (out, weights) if need_weights else out

@@ -47,9 +47,10 @@ class _Sublayers(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def _residual(self, x: Tensor, fn: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:
-        if self.norm_first:
-            return x + self.drop_path(fn(norm(x)))
-        return norm(x + self.drop_path(fn(x)))
+        branch = fn(norm(x)) if self.norm_first else fn(x)
+        if self.training:  # DropPath is the identity in eval (skipped: per-token decoding overhead)
+            branch = self.drop_path(branch)
+        return x + branch if self.norm_first else norm(x + branch)
 
 
 class EncoderLayer(_Sublayers):

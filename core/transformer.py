@@ -429,7 +429,8 @@ class DecoderOnlyLM(nn.Module):
 
     def _run(self, tokens: Tensor, offset: int, key_padding_mask: Tensor | None, cache: DecoderCache | None) -> Tensor:
         x = self.tok_embed(tokens)  # (B, T, D)
-        x = self.embed_drop(x if self.pos is None else self.pos(x, offset))
+        x = x if self.pos is None else self.pos(x, offset)
+        x = self.embed_drop(x) if self.training else x
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask=key_padding_mask, cache=None if cache is None else cache.self_attn[i])
         return self.lm_head(self.norm(x))  # (B, T, V)
