@@ -11,10 +11,9 @@ A padding-mask row measures the fully-masked-row handling against SDPA with the 
 
 Prints a table; the last line is one JSON object with the headline ratios (at the largest L).
 
-Generation hook: ``generation_benchmark(args)`` times a plain greedy loop over
-``DecoderOnlyLM`` with and without the KV cache. The generation engineer can replace
-``GENERATE`` (a callable ``(model, prompt, steps, use_cache) -> tokens``) with the real
-generator; the table and the JSON pick it up unchanged.
+Generation: greedy decoding of 256 new tokens (batch 4) with ``tk.core.generation.generate``,
+KV-cached against recomputing the prefix every step. ``benchmarks/generation.py`` has the
+full comparison (a simple-cache reference in the same run, beam search, per-step costs).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from tk.core.attention import scaled_dot_product_attention
+from tk.core.generation import GenerationConfig, generate
 from tk.core.transformer import DecoderOnlyLM
 
 
@@ -90,31 +90,10 @@ def time_fwd_bwd(fns: dict[str, Callable], shape, dtype, device, reps: int, warm
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def greedy(model: DecoderOnlyLM, prompt: torch.Tensor, steps: int, use_cache: bool) -> torch.Tensor:
-    """Plain greedy decoding; the uncached variant recomputes the whole prefix every step."""
-    tokens = prompt
-    with torch.no_grad():
-        if use_cache:
-            cache = model.init_cache(prompt.shape[0], prompt.shape[1] + steps)
-            logits = model.decode_step(prompt, cache)
-            for _ in range(steps):
-                nxt = logits[:, -1].argmax(-1, keepdim=True)
-                tokens = torch.cat([tokens, nxt], 1)
-                logits = model.decode_step(nxt, cache)
-        else:
-            for _ in range(steps):
-                nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)
-                tokens = torch.cat([tokens, nxt], 1)
-    return tokens
-
-
-GENERATE: Callable[[DecoderOnlyLM, torch.Tensor, int, bool], torch.Tensor] = greedy
-
-
 def generation_benchmark(args, device: torch.device) -> dict[str, float]:
-    """Cached vs uncached generation with ``GENERATE``; returns median seconds and speedup."""
+    """Cached vs uncached greedy ``generate``; returns median seconds and the speedup."""
     torch.manual_seed(0)
-    dim, depth, steps = (64, 2, 16) if args.quick else (256, 4, 128)
+    dim, depth, steps = (64, 2, 16) if args.quick else (256, 4, 256)
     model = DecoderOnlyLM(1000, dim, depth, 4, max_len=1024).to(device).eval()
     prompt = torch.randint(0, 1000, (args.batch, 16), device=device)
     times = {"cached": [], "uncached": []}
@@ -122,10 +101,11 @@ def generation_benchmark(args, device: torch.device) -> dict[str, float]:
         for name in random.sample(list(times), 2):
             _sync(device)
             t0 = time.perf_counter()
-            out = GENERATE(model, prompt, steps, name == "cached")
+            cfg = GenerationConfig(strategy="greedy", max_len=steps, use_cache=name == "cached")
+            out = generate(model, prompt, cfg).tokens
             _sync(device)
             times[name].append(time.perf_counter() - t0)
-    assert out.shape[1] == 16 + steps
+    assert out.shape[1] == steps
     med = {k: statistics.median(v) for k, v in times.items()}
     return {**med, "steps": steps, "speedup": med["uncached"] / med["cached"]}
 
@@ -146,7 +126,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    args.batch = args.batch or (1 if args.quick else 4)
+    args.batch = args.batch or (1 if args.quick else 4)  # attention and generation batch
     args.reps = args.reps or (3 if args.quick else 20)
     args.gen_reps = args.gen_reps or (2 if args.quick else 5)
     heads = 2 if args.quick else args.heads
