@@ -1,0 +1,44 @@
+"""Smoke runs of the benchmark scripts: they must run and end with one JSON line.
+
+Speed is not asserted here (targets live in the benchmarks, run alone); correctness
+checks that the scripts make (e.g. cached == uncached == reference tokens) are.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+CASES = {
+    "attention": ["--quick", "--reps", "1", "--gen-reps", "1"],
+    "generation": ["--quick", "--tokens", "8", "--reps", "1"],
+    "engine_overhead": ["--quick", "--steps", "4", "--reps", "1"],
+    "vit_cifar": ["--quick"],
+}
+
+
+def run_benchmark(name: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), *CASES[name]],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["benchmark"] == name
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_benchmark_runs_and_ends_with_json(name: str) -> None:
+    result = run_benchmark(name)
+    if name == "generation":
+        # tk cached, tk uncached, beam cached/uncached and the independent reference model
+        # (same weights) all decode the same tokens
+        assert result["tokens_equal"] is True
