@@ -14,11 +14,11 @@ Works with any model that has the generation API of :mod:`tk.core.transformer`:
 Inputs:
 
 - Decoder-only LM: ``inputs`` is a prompt batch (B, Tp), **right-padded**, with per-row
-  lengths from ``prompt_lengths`` or from ``pad_id``. Left padding is not supported:
-  positions are absolute and ``decode_step`` takes one position offset per batch, so left
-  padding would shift the positions of short prompts and change their continuation.
-  Instead the shortest prompt's length is prefilled at once and the rest is fed one column
-  at a time, each row taking its own prompt token until its prompt is used up and its
+  lengths from ``prompt_lengths`` or from ``pad_id``. (``decode_step`` also takes
+  left-padded prompts with a ``key_padding_mask``, but then every step needs the mask
+  and the cache holds the padding.) The shortest prompt's length is prefilled at once and
+  the rest is fed one column at a time, each row taking its own prompt token until its
+  prompt is used up and its
   generated token afterwards. Every row sees exactly its own tokens at their own
   positions, no padding ever enters the cache, and a padded prompt continues exactly as
   the prompt alone. Each row generates up to ``max_len`` new tokens.

@@ -29,11 +29,15 @@ def sinusoidal_table(num_pos: int, dim: int, offset: int = 0, device=None) -> Te
     Returns:
         (num_pos, D) float32.
     """
-    pos = torch.arange(offset, offset + num_pos, dtype=torch.float32, device=device)[:, None]
-    two_i = torch.arange(0, dim, 2, dtype=torch.float32, device=device)
-    angles = pos / torch.pow(10000.0, two_i / dim)  # (T, ceil(D/2))
-    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # interleave sin, cos
-    return table[:, :dim]
+    return _sinusoids(torch.arange(offset, offset + num_pos, dtype=torch.float32, device=device), dim)
+
+
+def _sinusoids(pos: Tensor, dim: int) -> Tensor:
+    """Sinusoidal encodings of float positions of any shape (...) -> (..., D)."""
+    two_i = torch.arange(0, dim, 2, dtype=torch.float32, device=pos.device)
+    angles = pos[..., None] / torch.pow(10000.0, two_i / dim)  # (..., ceil(D/2))
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # interleave sin, cos
+    return table[..., :dim]
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -53,14 +57,19 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.dim, self.max_len = dim, max_len
         self.register_buffer("pe", sinusoidal_table(max_len, dim), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """Args:
             x: (B, T, D).
-            offset: position of x's first token.
+            offset: position of x's first token, or a (B, T) long tensor with the position
+                of every token (e.g. left-padded rows).
 
         Returns:
-            (B, T, D) = x + PE[offset : offset + T].
+            (B, T, D) = x + PE[offset : offset + T] (or x + PE[positions]).
         """
+        if isinstance(offset, Tensor):
+            if int(offset.max()) < self.max_len:
+                return x + self.pe[offset].to(x.dtype)
+            return x + _sinusoids(offset.float(), self.dim).to(x.dtype)
         T = x.shape[1]
         if offset + T <= self.max_len:
             pe = self.pe[offset : offset + T]
@@ -93,17 +102,21 @@ class LearnedPositionalEmbedding(nn.Module):
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """Args:
             x: (B, T, D).
-            offset: position of x's first token.
+            offset: position of x's first token, or a (B, T) long tensor with the position
+                of every token (e.g. left-padded rows).
 
         Returns:
-            (B, T, D) = x + weight[offset : offset + T].
+            (B, T, D) = x + weight[offset : offset + T] (or x + weight[positions]).
 
         Raises:
-            ValueError: if ``offset + T > max_len``.
+            ValueError: if a position is >= ``max_len``.
         """
+        if isinstance(offset, Tensor):
+            _check_len(int(offset.max()) + 1, self.max_len, "LearnedPositionalEmbedding")
+            return x + self.weight[offset]
         _check_len(offset + x.shape[1], self.max_len, "LearnedPositionalEmbedding")
         return x + self.weight[offset : offset + x.shape[1]]
 

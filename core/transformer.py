@@ -427,9 +427,17 @@ class DecoderOnlyLM(nn.Module):
             if m.padding_idx is not None:
                 nn.init.zeros_(m.weight[m.padding_idx])
 
-    def _run(self, tokens: Tensor, offset: int, key_padding_mask: Tensor | None, cache: DecoderCache | None) -> Tensor:
+    def _run(
+        self, tokens: Tensor, offset: int | None, key_padding_mask: Tensor | None, cache: DecoderCache | None
+    ) -> Tensor:
+        """``offset`` None: positions follow from the padding mask, or start at the cache length."""
         x = self.tok_embed(tokens)  # (B, T, D)
-        x = x if self.pos is None else self.pos(x, offset)
+        if self.pos is not None:
+            if offset is None and key_padding_mask is not None:
+                # Absolute positions count real tokens only (as HF derives position_ids from the
+                # attention mask): a left-padded row gets the positions of the unpadded one.
+                offset = ((~key_padding_mask).long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
+            x = self.pos(x, (0 if cache is None else cache.length) if offset is None else offset)
         x = self.embed_drop(x) if self.training else x
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask=key_padding_mask, cache=None if cache is None else cache.self_attn[i])
@@ -440,12 +448,14 @@ class DecoderOnlyLM(nn.Module):
             tokens: (B, T) ids.
             key_padding_mask: (B, T) bool, True at padding. Not derived from ``pad_id``:
                 right padding needs no mask under causal attention (and without one the
-                fast ``is_causal`` kernels run); pass it for left padding.
+                fast ``is_causal`` kernels run); pass it for left padding. With a mask,
+                learned/sinusoidal positions count the unmasked tokens only, so a left-padded
+                row gives the same logits as the row alone.
 
         Returns:
             logits (B, T, V); position t sees tokens 0..t only.
         """
-        return self._run(tokens, 0, key_padding_mask, None)
+        return self._run(tokens, None, key_padding_mask, None)
 
     def init_cache(self, batch: int, max_len: int | None = None) -> DecoderCache:
         """An empty cache for ``batch`` rows; ``max_len`` positions are preallocated."""
@@ -461,20 +471,19 @@ class DecoderOnlyLM(nn.Module):
             tokens_new: (B, Tn) ids at positions ``pos_offset .. pos_offset + Tn - 1``.
             cache: from :meth:`init_cache`.
             pos_offset: position of ``tokens_new[:, 0]`` for the learned/sinusoidal table;
-                default ``cache.length``. Rotary embeddings always use ``cache.length``.
+                default: derived from ``key_padding_mask`` when given, else ``cache.length``.
+                Rotary embeddings always use ``cache.length`` (they are relative, so padding
+                does not shift them).
             key_padding_mask: (B, cache.length + Tn) bool over ALL keys (cached + new), True
-                at padding. Not derived from ``pad_id`` here. Note: with learned or
-                sinusoidal positions a left-padded prompt still shifts the positions of its
-                real tokens (one ``pos_offset`` per batch), so it does not continue exactly
-                like the unpadded prompt; only rotary positions are unaffected. Generation
-                therefore right-pads prompts (see ``tk.core.generation``).
+                at padding. Not derived from ``pad_id`` here. Learned/sinusoidal positions
+                then count the unmasked keys only, so a left-padded prompt continues exactly
+                like the unpadded one; pass the mask on every later step too.
 
         Returns:
             logits (B, Tn, V) for the new positions.
         """
         _check_cache(cache, tokens_new, needs_cross=False)
-        offset = cache.length if pos_offset is None else pos_offset
-        return self._run(tokens_new, offset, key_padding_mask, cache)
+        return self._run(tokens_new, pos_offset, key_padding_mask, cache)
 
     def reorder_cache(self, cache: DecoderCache, beam_indices: Tensor) -> DecoderCache:
         """Beam search: row i of every layer's cache becomes old row ``beam_indices[i]`` (in place).

@@ -407,16 +407,36 @@ def test_errors():
         generate(torch.nn.Linear(2, 2).eval(), prompts, cfg())
 
 
-@pytest.mark.xfail(strict=True, reason="decode_step takes one position offset per batch (see report)")
-def test_left_padded_prefill_matches_unpadded_with_absolute_positions():
-    """Why generation uses per-row lengths, not left padding: ``DecoderOnlyLM.decode_step``
-    documents ``key_padding_mask`` "e.g. for left-padded prompts", but with absolute
-    positions (learned/sinusoidal) left padding shifts the real tokens' positions, so the
-    masked prompt does not continue like the unpadded one (exact with rotary only). A fix
-    would be per-row positions (B, Tn) in ``decode_step``."""
-    lm = make_lm("learned")
-    prompt, padded = torch.tensor([[5, 6, 7]]), torch.tensor([[PAD, PAD, 5, 6, 7]])
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal", "rotary"])
+def test_left_padded_prompt_continues_like_the_unpadded_one(pos_encoding):
+    """With a key_padding_mask, absolute positions count real tokens only: a left-padded row
+    (prefill and later cached steps) gives the logits of the row alone, in a batch with an
+    unpadded row, and the uncached forward agrees."""
+    lm = make_lm(pos_encoding)
+    short, full = [5, 6, 7], [9, 8, 7, 6, 5]
+    batch = torch.tensor([[PAD, PAD] + short, full])
+    mask = batch.eq(PAD)
+    steps = torch.tensor([[11, 12], [13, 14]])  # two later tokens per row
     with torch.no_grad():
-        alone = lm.decode_step(prompt, lm.init_cache(1, 8))[:, -1]
-        masked = lm.decode_step(padded, lm.init_cache(1, 8), key_padding_mask=padded.eq(PAD))[:, -1]
-    assert torch.allclose(alone, masked, atol=1e-5)
+        cache = lm.init_cache(2, 8)
+        got = [lm.decode_step(batch, cache, key_padding_mask=mask)[:, -1]]
+        for t in range(2):
+            mask = torch.cat([mask, torch.zeros(2, 1, dtype=torch.bool)], dim=1)
+            got.append(lm.decode_step(steps[:, t : t + 1], cache, key_padding_mask=mask)[:, -1])
+        whole = lm(torch.cat([batch, steps], dim=1), mask)[:, -3:]  # uncached, same mask
+        for row, prompt in enumerate((short, full)):
+            alone = lm(torch.tensor([prompt + steps[row].tolist()]))[0, -3:]  # no padding at all
+            for t in range(3):
+                assert torch.allclose(got[t][row], alone[t], atol=1e-5), (pos_encoding, row, t)
+            assert torch.allclose(whole[row], alone, atol=1e-5)
+
+
+def test_explicit_pos_offset_overrides_the_mask():
+    lm = make_lm("learned")
+    tokens, no_pad = torch.tensor([[5, 6]]), torch.zeros(1, 2, dtype=torch.bool)
+    with torch.no_grad():
+        at3 = lm.decode_step(tokens, lm.init_cache(1, 4), pos_offset=3)
+        at3_masked = lm.decode_step(tokens, lm.init_cache(1, 4), pos_offset=3, key_padding_mask=no_pad)
+        derived = lm.decode_step(tokens, lm.init_cache(1, 4), key_padding_mask=no_pad)  # positions 0, 1
+    assert torch.allclose(at3, at3_masked, atol=1e-6)
+    assert not torch.allclose(at3, derived, atol=1e-3)
