@@ -57,20 +57,20 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.dim, self.max_len = dim, max_len
         self.register_buffer("pe", sinusoidal_table(max_len, dim), persistent=False)
 
-    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Args:
             x: (B, T, D).
-            offset: position of x's first token, or a (B, T) long tensor with the position
-                of every token (e.g. left-padded rows).
+            offset: position of x's first token.
+            positions: optional (B, T) long positions of every token, each at most
+                ``offset + its index`` (e.g. left-padded rows counting real tokens only).
 
         Returns:
             (B, T, D) = x + PE[offset : offset + T] (or x + PE[positions]).
         """
-        if isinstance(offset, Tensor):
-            if int(offset.max()) < self.max_len:
-                return x + self.pe[offset].to(x.dtype)
-            return x + _sinusoids(offset.float(), self.dim).to(x.dtype)
         T = x.shape[1]
+        if positions is not None:  # bounded by offset + T: no device sync to pick the table
+            pe = self.pe[positions] if offset + T <= self.max_len else _sinusoids(positions.float(), self.dim)
+            return x + pe.to(x.dtype)
         if offset + T <= self.max_len:
             pe = self.pe[offset : offset + T]
         else:
@@ -102,22 +102,22 @@ class LearnedPositionalEmbedding(nn.Module):
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
 
-    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Args:
             x: (B, T, D).
-            offset: position of x's first token, or a (B, T) long tensor with the position
-                of every token (e.g. left-padded rows).
+            offset: position of x's first token.
+            positions: optional (B, T) long positions of every token, each at most
+                ``offset + its index`` (e.g. left-padded rows counting real tokens only).
 
         Returns:
             (B, T, D) = x + weight[offset : offset + T] (or x + weight[positions]).
 
         Raises:
-            ValueError: if a position is >= ``max_len``.
+            ValueError: if ``offset + T > max_len``.
         """
-        if isinstance(offset, Tensor):
-            _check_len(int(offset.max()) + 1, self.max_len, "LearnedPositionalEmbedding")
-            return x + self.weight[offset]
         _check_len(offset + x.shape[1], self.max_len, "LearnedPositionalEmbedding")
+        if positions is not None:
+            return x + self.weight[positions]
         return x + self.weight[offset : offset + x.shape[1]]
 
 

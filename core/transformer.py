@@ -433,11 +433,13 @@ class DecoderOnlyLM(nn.Module):
         """``offset`` None: positions follow from the padding mask, or start at the cache length."""
         x = self.tok_embed(tokens)  # (B, T, D)
         if self.pos is not None:
+            positions = None
             if offset is None and key_padding_mask is not None:
                 # Absolute positions count real tokens only (as HF derives position_ids from the
                 # attention mask): a left-padded row gets the positions of the unpadded one.
-                offset = ((~key_padding_mask).long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
-            x = self.pos(x, (0 if cache is None else cache.length) if offset is None else offset)
+                positions = ((~key_padding_mask).long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
+            start = (0 if cache is None else cache.length) if offset is None else offset
+            x = self.pos(x, start, positions)
         x = self.embed_drop(x) if self.training else x
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask=key_padding_mask, cache=None if cache is None else cache.self_attn[i])

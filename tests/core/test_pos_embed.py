@@ -49,19 +49,20 @@ def test_learned_too_long_raises():
 
 
 def test_per_token_positions():
-    """A (B, T) position tensor picks table rows per token; beyond the table a learned
-    embedding raises and a sinusoidal one computes the same values on the fly."""
+    """(B, T) positions pick table rows per token; the table length is checked against
+    offset + T (positions never exceed it), beyond the table a sinusoidal encoding computes
+    the same values on the fly."""
     torch.manual_seed(0)
     positions = torch.tensor([[0, 0, 1], [4, 5, 6]])
     lpe = LearnedPositionalEmbedding(8, 4)
-    assert torch.equal(lpe(torch.zeros(2, 3, 4), positions), lpe.weight[positions])
+    assert torch.equal(lpe(torch.zeros(2, 3, 4), 4, positions), lpe.weight[positions])
     with pytest.raises(ValueError, match=r"sequence length \(9\) exceeds max_len \(8\)"):
-        lpe(torch.zeros(1, 1, 4), torch.tensor([[8]]))
+        lpe(torch.zeros(1, 1, 4), 8, torch.tensor([[8]]))
     spe = SinusoidalPositionalEncoding(6, max_len=5)
     far = torch.tensor([[3, 7, 11]])  # crosses the 5-row table
-    assert torch.allclose(spe(torch.zeros(1, 3, 6), far)[0], sinusoidal_table(12, 6)[far[0]], atol=1e-6)
-    near = torch.tensor([[0, 0, 1], [2, 3, 4]])  # inside the table
-    assert torch.equal(spe(torch.zeros(2, 3, 6), near), spe.pe[near])
+    assert torch.allclose(spe(torch.zeros(1, 3, 6), 9, far)[0], sinusoidal_table(12, 6)[far[0]], atol=1e-6)
+    near = torch.tensor([[0, 0, 1], [0, 1, 2]])  # inside the table
+    assert torch.equal(spe(torch.zeros(2, 3, 6), 0, near), spe.pe[near])
 
 
 def test_token_embedding_scaled():
