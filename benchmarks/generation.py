@@ -21,6 +21,7 @@ in the same run.
     python benchmarks/generation.py --quick     # smoke run (seconds)
     python benchmarks/generation.py             # full run (the lead runs it on an idle machine)
     python benchmarks/generation.py --threads 1 # steadier numbers on a shared CPU
+    python benchmarks/generation.py --batch 8   # the cache's speed-up grows with the batch
 
 Prints a table; the last line is one JSON object with the headline ratios.
 """
