@@ -11,7 +11,7 @@ A padding-mask row measures the fully-masked-row handling against SDPA with the 
 
 Prints a table; the last line is one JSON object with the headline ratios (at the largest L).
 
-Generation: greedy decoding of 256 new tokens (batch 4) with ``tk.core.generation.generate``,
+Generation: greedy decoding of 256 new tokens (batch 4) with ``tk.core.nn.generation.generate``,
 KV-cached against recomputing the prefix every step. ``benchmarks/generation.py`` has the
 full comparison (a simple-cache reference in the same run, beam search, per-step costs).
 """
@@ -28,9 +28,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tk.core.attention import scaled_dot_product_attention
-from tk.core.generation import GenerationConfig, generate
-from tk.core.transformer import DecoderOnlyLM
+from tk.core.nn.attention import scaled_dot_product_attention
+from tk.core.nn.generation import GenerationConfig, generate
+from tk.core.nn.transformer import DecoderOnlyLM
 
 
 def _sync(device: torch.device) -> None:

@@ -39,12 +39,11 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tk.core.config import load_config
-from tk.core.loop import scale_and_clip_
-from tk.core.optim import build_optimizer
-from tk.core.schedule import build_scheduler
+from tk.core.engine.optim import build_optimizer, scale_and_clip_
+from tk.core.engine.schedule import build_scheduler
+from tk.core.engine.train import Trainer
+from tk.core.recipe import load_config
 from tk.core.task import StepOutput, Task
-from tk.core.train import Trainer
 
 
 @dataclass
@@ -137,7 +136,7 @@ def time_engine(cfg) -> tuple[float, float, list[float]]:
 def time_bare(cfg) -> tuple[float, float, list[float]]:
     """Seconds of a hand-written loop over the same model, loader and optimiser, CPU
     seconds, and the per-update intervals."""
-    from tk.core.data import LoaderSpec
+    from tk.core.data.loader import LoaderSpec
 
     torch.manual_seed(cfg.train.seed)
     task = BenchTask(cfg)

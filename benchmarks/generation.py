@@ -1,4 +1,4 @@
-"""Benchmark: KV-cached vs uncached generation with tk.core.generation.
+"""Benchmark: KV-cached vs uncached generation with tk.core.nn.generation.
 
 Greedy decoding of 256 new tokens from a batch of prompts on a decoder-only LM (4 layers,
 dim 256): the cached path feeds one token per step through ``decode_step``; the uncached
@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tk.core.generation import GenerationConfig, generate
-from tk.core.transformer import DecoderOnlyLM
+from tk.core.nn.generation import GenerationConfig, generate
+from tk.core.nn.transformer import DecoderOnlyLM
 
 
 def _sync(device: torch.device) -> None:

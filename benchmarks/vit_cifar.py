@@ -2,7 +2,7 @@
 
 1. Training throughput (images/s, forward + backward + AdamW step), same weights, same batch,
    same precision (bf16 autocast, also on CPU), the two models interleaved in one run, medians.
-2. Top-1 of the core ViT after a fixed small budget through the real engine (``tk.core.train``)
+2. Top-1 of the core ViT after a fixed small budget through the real engine (``tk.core.engine.train``)
    on the CIFAR-10 image-folder subset in ``../shared/data/cifar10`` (skipped when absent).
 
     python benchmarks/vit_cifar.py            # full
@@ -23,7 +23,7 @@ from pathlib import Path
 import timm
 import torch
 
-from tk.core.vit import VisionTransformer, load_timm_vit
+from tk.core.nn.vit import VisionTransformer, load_timm_vit
 
 SHAPE = dict(img_size=32, patch_size=4, dim=192, depth=9, num_heads=3, mlp_ratio=2.0)
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10"
@@ -77,12 +77,12 @@ def throughput(device: torch.device, batch: int, steps: int, reps: int) -> dict[
 
 
 def top1_after_budget(steps: int, batch: int, device: str) -> float | None:
-    """val/top1 of the core ViT after ``steps`` updates through ``tk.core.train``."""
+    """val/top1 of the core ViT after ``steps`` updates through ``tk.core.engine.train``."""
     if not (DATA / "train").is_dir():
         print(f"top-1 part skipped: no image folder at {DATA.resolve()} (needs train/<class>/*.jpg)")
         return None
-    from tk.core.config import load_config
-    from tk.core.train import Trainer
+    from tk.core.engine.train import Trainer
+    from tk.core.recipe import load_config
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "vit_cifar_cpu.yaml"
     overrides = [

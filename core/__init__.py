@@ -12,30 +12,30 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     # attention and masks
-    "MultiHeadAttention": "attention", "KVCache": "attention",
-    "scaled_dot_product_attention": "attention", "attention_reference": "attention",
-    "padding_mask": "masks", "causal_mask": "masks", "merge_masks": "masks",
-    "to_additive": "masks", "from_additive": "masks",
+    "MultiHeadAttention": "nn.attention", "KVCache": "nn.attention",
+    "scaled_dot_product_attention": "nn.attention", "attention_reference": "nn.attention",
+    "padding_mask": "nn.masks", "causal_mask": "nn.masks", "merge_masks": "nn.masks",
+    "to_additive": "nn.masks", "from_additive": "nn.masks",
     # positional encodings
-    "SinusoidalPositionalEncoding": "pos_embed", "LearnedPositionalEmbedding": "pos_embed",
-    "RotaryEmbedding": "pos_embed", "TokenEmbedding": "pos_embed", "resample_pos_embed": "pos_embed",
+    "SinusoidalPositionalEncoding": "nn.pos_embed", "LearnedPositionalEmbedding": "nn.pos_embed",
+    "RotaryEmbedding": "nn.pos_embed", "TokenEmbedding": "nn.pos_embed", "resample_pos_embed": "nn.pos_embed",
     # layers, blocks, stacks, ViT
-    "Mlp": "layers", "DropPath": "layers", "RMSNorm": "layers", "build_norm": "layers",
-    "EncoderLayer": "blocks", "DecoderLayer": "blocks", "DecoderOnlyLayer": "blocks",
-    "TransformerEncoder": "transformer", "TransformerDecoder": "transformer",
-    "EncoderDecoder": "transformer", "DecoderOnlyLM": "transformer", "DecoderCache": "transformer",
-    "VisionTransformer": "vit", "convert_timm_vit_state_dict": "vit", "load_timm_vit": "vit",
+    "Mlp": "nn.layers", "DropPath": "nn.layers", "RMSNorm": "nn.layers", "build_norm": "nn.layers",
+    "EncoderLayer": "nn.blocks", "DecoderLayer": "nn.blocks", "DecoderOnlyLayer": "nn.blocks",
+    "TransformerEncoder": "nn.transformer", "TransformerDecoder": "nn.transformer",
+    "EncoderDecoder": "nn.transformer", "DecoderOnlyLM": "nn.transformer", "DecoderCache": "nn.transformer",
+    "VisionTransformer": "nn.vit", "convert_timm_vit_state_dict": "nn.vit", "load_timm_vit": "nn.vit",
     # generation
-    "generate": "generation", "GenerationConfig": "generation", "greedy_decode": "generation",
-    "beam_search": "generation", "sample": "generation",
+    "generate": "nn.generation", "GenerationConfig": "nn.generation", "greedy_decode": "nn.generation",
+    "beam_search": "nn.generation", "sample": "nn.generation",
     # the task contract and the engine
-    "Task": "task", "StepOutput": "task", "LoaderSpec": "data", "TkError": "errors",
-    "RunConfig": "config", "TrainConfig": "config", "load_config": "config",
+    "Task": "task", "StepOutput": "step", "LoaderSpec": "data.loader", "TkError": "errors",
+    "RunConfig": "config", "TrainConfig": "config", "load_config": "recipe",
     "available_tasks": "registry", "load_task": "registry",
-    "Trainer": "train", "Metric": "metrics", "Accuracy": "metrics", "Mean": "metrics",
-    "OptimConfig": "optim", "build_optimizer": "optim", "ScheduleConfig": "schedule",
-    "build_scheduler": "schedule", "ModelEMA": "ema", "Precision": "precision",
-    "CheckpointManager": "checkpoint", "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
+    "Trainer": "engine.train", "Metric": "metrics", "Accuracy": "metrics", "Mean": "metrics",
+    "OptimConfig": "engine.optim", "build_optimizer": "engine.optim", "ScheduleConfig": "engine.schedule",
+    "build_scheduler": "engine.schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
+    "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 import tk
+from tk.core.engine.launch import prepare_run_dir  # noqa: F401  (re-exported: the CLI's run-dir rules)
 from tk.core.errors import TkError
-from tk.core.launch import prepare_run_dir  # noqa: F401  (re-exported: the CLI's run-dir rules)
 
 DEBUG_ENV = "TK_DEBUG"
 
@@ -82,7 +82,7 @@ overrides_argument = click.argument("overrides", nargs=-1)
 @debug_option
 def list_cmd() -> None:
     """List installed tasks (with their distributions) and built-in recipes."""
-    from tk.core.config import builtin_recipes
+    from tk.core.recipe import builtin_recipes
     from tk.core.registry import discover, load_entry
 
     click.echo("tasks:")
@@ -115,7 +115,7 @@ def _recipe_summary(path: Path) -> str:
 @debug_option
 def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     """Print the fully resolved config (defaults included) as YAML."""
-    from tk.core.config import load_config
+    from tk.core.recipe import load_config
 
     cfg, _ = load_config(recipe, list(overrides))
     click.echo(cfg.to_yaml(), nl=False)
@@ -127,7 +127,7 @@ def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @debug_option
 def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     """Check a recipe (schema and cross-field rules) without running it."""
-    from tk.core.config import load_config
+    from tk.core.recipe import load_config
 
     cfg, _ = load_config(recipe, list(overrides))
     click.echo(f"{cfg.source}: ok (task {cfg.task})")
@@ -149,11 +149,11 @@ def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume:
     SIGINT (Ctrl-C) or SIGTERM stops after the current update and saves a checkpoint
     (exit code 130 / 143); `--resume` continues exactly where it stopped.
     """
-    from tk.core.launch import check_run_dir, launch, run_training
-    from tk.core.train import TrainingInterrupted
+    from tk.core.engine.launch import check_run_dir, launch, run_training
+    from tk.core.engine.signals import TrainingInterrupted
 
     if nproc_per_node and nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
-        from tk.core.config import load_config
+        from tk.core.recipe import load_config
 
         cfg, _ = load_config(recipe, list(overrides))  # config problems: exit 2 before launching
         check_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
@@ -179,8 +179,8 @@ def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume:
 def summary_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     """Print every module's output shape on one training batch, with parameter counts
     and the activation memory of that batch (no training, nothing written)."""
-    from tk.core.config import load_config
-    from tk.core.summary import recipe_summary
+    from tk.core.engine.summary import recipe_summary
+    from tk.core.recipe import load_config
 
     cfg, task_cls = load_config(recipe, list(overrides))
     click.echo(recipe_summary(cfg, task_cls))
@@ -197,7 +197,7 @@ def summary_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: str, ema: bool, as_json: bool) -> None:
     """Evaluate a run's checkpoint on a split: the task is rebuilt from the run's saved
     config (plus key.sub=value overrides, e.g. train.eval_batch_size=256)."""
-    from tk.core.inference import evaluate_run
+    from tk.core.engine.inference import evaluate_run
 
     report = evaluate_run(run_dir, checkpoint=checkpoint, split=split, overrides=list(overrides), ema=ema)
     if as_json:
@@ -218,8 +218,8 @@ def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: s
 def average_cmd(run_dir: str, last_k: int, output: str) -> None:
     """Average the model weights of a run's last K step checkpoints (the Transformer
     paper's checkpoint averaging) into a safetensors file."""
-    from tk.core.checkpoint import average_checkpoints, export_safetensors
-    from tk.core.inference import step_checkpoints
+    from tk.core.engine.checkpoint import average_checkpoints, export_safetensors
+    from tk.core.engine.inference import step_checkpoints
 
     steps = step_checkpoints(Path(run_dir))
     if len(steps) < last_k:
@@ -241,7 +241,7 @@ def average_cmd(run_dir: str, last_k: int, output: str) -> None:
 @debug_option
 def predict_cmd(run_dir: str, inputs: tuple[str, ...], checkpoint: str, top_k: int, as_json: bool) -> None:
     """Predict with a trained run on raw inputs (image paths, sentences, prompts)."""
-    from tk.core.inference import load_run
+    from tk.core.engine.inference import load_run
 
     task, model = load_run(run_dir, checkpoint)
     for item, pred in zip(inputs, task.predict(model, list(inputs), top_k=top_k)):

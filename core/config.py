@@ -1,25 +1,22 @@
-"""Recipes: YAML -> typed dataclasses, dotted overrides and validation.
+"""The run config: core's ``train:`` section, the resolved :class:`RunConfig`, and the
+typed conversion of recipe mappings into dataclasses (with every problem collected).
 
-A recipe is one YAML mapping. ``task:`` names the task; ``data:``, ``model:`` and any
-task extras are parsed into the task's dataclasses; ``optim:``, ``schedule:`` and
-``train:`` into core's; ``output_dir`` is the run directory. Every error of a recipe
-is collected and reported at once, each naming the file, the key path, what was
-expected and what was found (with a "did you mean" for near misses).
+Reading recipe files and overrides lives in ``tk.core.recipe``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.resources
 import types
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from tk.core.engine.optim import OptimConfig
+from tk.core.engine.schedule import ScheduleConfig
 from tk.core.errors import TkError
 
 CORE_SECTIONS = ("optim", "schedule", "train")
@@ -62,8 +59,8 @@ class RunConfig:
 
     task: str  # entry-point name or "package.module:ClassName"
     sections: dict[str, Any]  # the task's sections by name ("data", "model", extras)
-    optim: Any  # tk.core.optim.OptimConfig
-    schedule: Any  # tk.core.schedule.ScheduleConfig
+    optim: Any  # tk.core.engine.optim.OptimConfig
+    schedule: Any  # tk.core.engine.schedule.ScheduleConfig
     train: TrainConfig
     output_dir: str  # run directory
     source: str = ""  # recipe file the config came from
@@ -95,65 +92,21 @@ class ConfigError(TkError):
         super().__init__(msg)
 
 
-# -- finding and reading recipes ----------------------------------------------------
-def builtin_recipes() -> dict[str, Path]:
-    """Recipes shipped with tk (package data of ``tk.recipes``), name -> path."""
-    root = importlib.resources.files("tk.recipes")
-    return {Path(p.name).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
-
-
-def find_recipe(recipe: str) -> Path:
-    """A recipe path from a file path or a built-in recipe name."""
-    path = Path(recipe).expanduser()
-    if path.is_file():
-        return path
-    builtins = builtin_recipes()
-    if recipe in builtins:
-        return builtins[recipe]
-    hint = _did_you_mean(Path(recipe).stem, builtins)
-    raise TkError(
-        f"recipe not found: {recipe!r} is neither a file nor a built-in recipe{hint}; "
-        f"built-in recipes: {', '.join(sorted(builtins)) or 'none'} (run `tk list`)"
-    )
-
-
-def read_recipe(path: Path) -> dict[str, Any]:
-    """Parse a recipe file with ``yaml.safe_load``; syntax errors carry line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TkError(f"cannot read recipe {path}: {e.strerror}") from e
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise TkError(f"{where}: YAML syntax error: {problem}") from e
-    if raw is None:
-        raise TkError(f"{path}: the recipe is empty; it needs at least `task: <name>` (see `tk list`)")
-    if not isinstance(raw, dict):
-        raise TkError(f"{path}: a recipe must be a mapping of sections, found {type(raw).__name__}")
-    return raw
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"optim.lr=3e-4"`` -> (["optim", "lr"], 3e-4); the value is read as YAML."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
-        raise TkError(f"override {text!r} is not of the form key.sub=value (e.g. train.max_steps=100)")
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        parsed = value  # not valid YAML: take it as a plain string
-    return key.strip().split("."), parsed
+def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``["model.hidden: 32 -> 64", ...]`` for every leaf that differs."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b, path = old.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+    return out
 
 
 # -- the schema -------------------------------------------------------------------
 def core_schema() -> dict[str, type]:
-    from tk.core.optim import OptimConfig
-    from tk.core.schedule import ScheduleConfig
-
+    """Core's recipe sections -> their dataclasses."""
     return {"optim": OptimConfig, "schedule": ScheduleConfig, "train": TrainConfig}
 
 
@@ -165,12 +118,12 @@ def recipe_schema(task_cls: type) -> dict[str, Any]:
     return schema
 
 
-def _did_you_mean(word: str, options) -> str:
+def did_you_mean(word: str, options) -> str:
     close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
@@ -187,7 +140,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _convert(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
+def convert_value(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
     """Check ``value`` against the annotation ``tp``; return it converted (or None after
     appending an error). Numeric strings such as ``3e-4`` (which YAML reads as text)
     are accepted for numeric fields."""
@@ -196,7 +149,7 @@ def _convert(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            errors.append(f"{path}: expected a mapping of {tp.__name__} options, found {_describe(value)}")
+            errors.append(f"{path}: expected a mapping of {tp.__name__} options, found {describe_value(value)}")
             return None
         return build_dataclass(tp, value, path, errors)
     if origin in (typing.Union, types.UnionType):
@@ -204,28 +157,28 @@ def _convert(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
             return None
         for arg in (a for a in args if a is not type(None)):
             sub: list[str] = []
-            out = _convert(arg, value, path, sub)
+            out = convert_value(arg, value, path, sub)
             if not sub:
                 return out
-        errors.append(f"{path}: expected {_type_name(tp)}, found {_describe(value)}")
+        errors.append(f"{path}: expected {_type_name(tp)}, found {describe_value(value)}")
         return None
     if origin is Literal:
         if value in args:
             return value
-        errors.append(f"{path}: expected {_type_name(tp)}, found {value!r}{_did_you_mean(value, args)}")
+        errors.append(f"{path}: expected {_type_name(tp)}, found {value!r}{did_you_mean(value, args)}")
         return None
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            errors.append(f"{path}: expected a list, found {_describe(value)}")
+            errors.append(f"{path}: expected a list, found {describe_value(value)}")
             return None
         item_tp = args[0] if args else Any
-        return [_convert(item_tp, v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        return [convert_value(item_tp, v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            errors.append(f"{path}: expected a mapping, found {_describe(value)}")
+            errors.append(f"{path}: expected a mapping, found {describe_value(value)}")
             return None
         val_tp = args[1] if len(args) == 2 else Any
-        return {k: _convert(val_tp, v, f"{path}.{k}", errors) for k, v in value.items()}
+        return {k: convert_value(val_tp, v, f"{path}.{k}", errors) for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -247,7 +200,7 @@ def _convert(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
             return value
     else:
         return value
-    errors.append(f"{path}: expected {_type_name(tp)}, found {_describe(value)}")
+    errors.append(f"{path}: expected {_type_name(tp)}, found {describe_value(value)}")
     return None
 
 
@@ -272,10 +225,10 @@ def build_dataclass(cls: type, raw: dict[str, Any], path: str, errors: list[str]
     for key, value in raw.items():
         key_path = f"{path}.{key}" if path else str(key)
         if key not in fields:
-            errors.append(f"{key_path}: unknown key{_did_you_mean(key, fields)} "
+            errors.append(f"{key_path}: unknown key{did_you_mean(key, fields)} "
                           f"(valid keys: {', '.join(fields)})")
             continue
-        kwargs[key] = _convert(hints[key], value, key_path, errors)
+        kwargs[key] = convert_value(hints[key], value, key_path, errors)
     for name, f in fields.items():
         if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             errors.append(f"{path}.{name}: missing required key (expected {_type_name(hints[name])})")
@@ -286,113 +239,6 @@ def build_dataclass(cls: type, raw: dict[str, Any], path: str, errors: list[str]
     except (TypeError, ValueError) as e:  # a dataclass __post_init__ check
         errors.append(f"{path}: {e}")
         return None
-
-
-# -- loading ----------------------------------------------------------------------
-def _check_override_path(schema: dict[str, Any], keys: list[str], text: str) -> str | None:
-    """None if ``keys`` names a settable option of the schema, else the problem."""
-    node: Any = schema
-    for depth, key in enumerate(keys):
-        where = ".".join(keys[:depth]) or "the recipe"
-        if isinstance(node, dict) and not dataclasses.is_dataclass(node):
-            options = node
-        elif dataclasses.is_dataclass(node):
-            options = {f.name: typing.get_type_hints(node)[f.name] for f in dataclasses.fields(node)}
-        elif typing.get_origin(node) is dict or node is dict:
-            return None  # free-form mapping: any sub-key
-        else:
-            return f"override {text!r}: {where} is not a section, it has no key {key!r}"
-        if key not in options:
-            return (f"override {text!r}: unknown key {key!r} in {where}{_did_you_mean(key, options)}"
-                    f" (valid keys: {', '.join(options)})")
-        node = _strip_optional(options[key])
-    return None
-
-
-def _strip_optional(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-def _set_path(raw: dict[str, Any], keys: list[str], value: Any) -> None:
-    node = raw
-    for key in keys[:-1]:
-        if not isinstance(node.get(key), dict):
-            node[key] = {}
-        node = node[key]
-    node[keys[-1]] = value
-
-
-def load_config(recipe: str | Path, overrides: list[str] = (), *, task_loader=None) -> tuple[RunConfig, type]:
-    """Read, override and validate a recipe.
-
-    Args:
-        recipe: a recipe file path or a built-in recipe name.
-        overrides: ``key.sub=value`` strings applied on top of the file.
-        task_loader: name -> Task class (default ``tk.core.registry.load_task``).
-
-    Returns:
-        The resolved :class:`RunConfig` and the task class.
-
-    Raises:
-        TkError: the recipe cannot be found or read, or the task cannot be loaded.
-        ConfigError: every schema and cross-field problem, at once.
-    """
-    from tk.core.registry import load_task
-
-    task_loader = task_loader or load_task
-    path = find_recipe(str(recipe))
-    raw = read_recipe(path)
-    parsed = [(parse_override(o), o) for o in overrides]
-    for (keys, value), _ in parsed:
-        if keys == ["task"]:
-            raw["task"] = value
-    source = str(path)
-    task_name = raw.get("task")
-    if task_name is None:
-        raise ConfigError(source, ["task: missing; name the task to run, e.g. `task: image_classification` (see `tk list`)"])
-    if not isinstance(task_name, str):
-        raise ConfigError(source, [f"task: expected a task name (str), found {_describe(task_name)}"])
-    task_cls = task_loader(task_name)
-    schema = recipe_schema(task_cls)
-
-    errors: list[str] = []
-    for (keys, value), text in parsed:
-        problem = _check_override_path(schema, keys, text)
-        if problem:
-            errors.append(problem)
-        else:
-            _set_path(raw, keys, value)
-    for key in raw:
-        if key not in schema:
-            errors.append(f"{key}: unknown top-level key{_did_you_mean(key, schema)} "
-                          f"(valid keys: {', '.join(schema)})")
-    sections: dict[str, Any] = {}
-    for name, tp in schema.items():
-        if name in ("task", "output_dir"):
-            continue
-        value = raw.get(name)
-        if value is None:
-            value = {}
-        sections[name] = _convert(tp, value, name, errors)
-    output_dir = _convert(str | None, raw.get("output_dir"), "output_dir", errors)
-    if errors:
-        raise ConfigError(source, errors)
-
-    cfg = RunConfig(
-        task=task_name,
-        sections={k: v for k, v in sections.items() if k not in CORE_SECTIONS},
-        optim=sections["optim"], schedule=sections["schedule"], train=sections["train"],
-        output_dir=output_dir or str(Path("runs") / path.stem),
-        source=source, name=path.stem,
-    )
-    problems = check_core_rules(cfg) + section_checks(cfg) + list(task_cls.check_config(cfg))
-    if problems:
-        raise ConfigError(source, problems)
-    return cfg, task_cls
 
 
 def section_checks(cfg: RunConfig) -> list[str]:

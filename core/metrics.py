@@ -7,16 +7,14 @@ torchmetrics (https://lightning.ai/docs/torchmetrics).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from tk.core.distributed import comm_device, is_distributed
+from tk.core.engine.distributed import comm_device, is_distributed
 from tk.core.errors import TkError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from tk.core.task import StepOutput
+from tk.core.step import StepOutput
 
 __all__ = ["Metric", "Accuracy", "Mean", "MetricCollection"]
 

@@ -1,7 +1,7 @@
 """The Task contract: the one extension point of tk.
 
 A task supplies what differs between jobs (data, model, loss, metrics, prediction);
-the engine in ``tk.core.train`` owns everything else (devices, precision, gradient
+the engine in ``tk.core.engine.train`` owns everything else (devices, precision, gradient
 accumulation, clipping, schedules, checkpoints, logging, distribution).
 See ``docs/plugins.md`` for a walk-through.
 """
@@ -9,38 +9,17 @@ See ``docs/plugins.md`` for a walk-through.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-if TYPE_CHECKING:  # pragma: no cover
-    from tk.core.config import RunConfig
-    from tk.core.data import LoaderSpec
-    from tk.core.metrics import Metric
-
-
-@dataclass
-class StepOutput:
-    """What ``Task.loss`` returns for one (micro-)batch.
-
-    Attributes:
-        loss: the loss *summed* over the batch's items (tokens, images, ...), a scalar
-            tensor. The engine divides by the total ``num_items`` of all accumulated
-            micro-batches (and processes), so gradient accumulation is exact.
-        num_items: how many items ``loss`` is summed over (non-PAD tokens for a
-            token-level loss, samples for a sample-level one).
-        logs: extra scalars to log, each already summed over the batch like ``loss``
-            (the engine reports ``logs[k] / num_items``).
-        outputs: anything the task's metrics need (logits, predictions).
-    """
-
-    loss: torch.Tensor
-    num_items: int | torch.Tensor
-    logs: dict[str, float | torch.Tensor] = field(default_factory=dict)
-    outputs: Any = None
+from tk.core.config import RunConfig
+from tk.core.data.loader import LoaderSpec, build_loader
+from tk.core.metrics import Metric
+from tk.core.step import StepOutput
 
 
 @dataclass
@@ -118,8 +97,6 @@ class Task:
     def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
         """A loader for ``split``. Override for custom batching (e.g. by token count),
         but honour ``spec`` (batch size, shuffling, seed, rank/world size)."""
-        from tk.core.data import build_loader
-
         return build_loader(self.build_dataset(split), spec, collate_fn=self.collate)
 
     def transform_batch(self, batch: dict[str, Any], training: bool) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import yaml
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.config import builtin_recipes, load_config
+from tk.core.recipe import builtin_recipes, load_config
 
 RECIPES = sorted(builtin_recipes())
 

@@ -8,7 +8,7 @@ from typing import Literal
 from torch import nn
 
 from tk.core.errors import TkError
-from tk.core.vit import VisionTransformer
+from tk.core.nn.vit import VisionTransformer
 
 
 @dataclass

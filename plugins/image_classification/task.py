@@ -19,7 +19,9 @@ from tk.plugins.image_classification.mixup import MixupConfig, build_mixup, chec
 from tk.plugins.image_classification.model import ModelConfig, build_classifier, check_model
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
-    build_eval_transform, build_train_transform, check_auto_augment,
+    build_eval_transform,
+    build_train_transform,
+    check_auto_augment,
 )
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")

@@ -1,12 +1,12 @@
-"""Tests for tk.core.attention: numerics vs hand computation and nn.MultiheadAttention,
+"""Tests for tk.core.nn.attention: numerics vs hand computation and nn.MultiheadAttention,
 fused vs reference agreement, masking edge cases and the KV cache."""
 
 import pytest
 import torch
 from torch import nn
 
-from tk.core.attention import KVCache, MultiHeadAttention, attention_reference, scaled_dot_product_attention
-from tk.core.masks import causal_mask, padding_mask
+from tk.core.nn.attention import KVCache, MultiHeadAttention, attention_reference, scaled_dot_product_attention
+from tk.core.nn.masks import causal_mask, padding_mask
 
 HAND_X = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
 HAND_W = [[0.4011, 0.1978, 0.4011], [0.1978, 0.4011, 0.4011], [0.2483, 0.2483, 0.5035]]

@@ -1,12 +1,12 @@
-"""Tests for tk.core.blocks: encoder/decoder layers match torch's own layers with copied
+"""Tests for tk.core.nn.blocks: encoder/decoder layers match torch's own layers with copied
 weights (post-norm and pre-norm, padding and causal masks); no leakage; options."""
 
 import pytest
 import torch
 from torch import nn
 
-from tk.core.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
-from tk.core.masks import causal_mask
+from tk.core.nn.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
+from tk.core.nn.masks import causal_mask
 
 
 def copy_attn(ours, ref: nn.MultiheadAttention) -> None:

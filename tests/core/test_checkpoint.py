@@ -1,4 +1,4 @@
-"""Tests for tk.core.checkpoint: round trip with RNG, atomicity under a crash, rotation,
+"""Tests for tk.core.engine.checkpoint: round trip with RNG, atomicity under a crash, rotation,
 mismatch messages, averaging by hand, safetensors export of tied weights."""
 
 import random
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tk.core import checkpoint as C
+from tk.core.engine import checkpoint as C
 from tk.core.errors import TkError
 
 

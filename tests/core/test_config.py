@@ -5,8 +5,9 @@ from typing import Literal
 
 import pytest
 
-from tk.core.config import ConfigError, build_dataclass, load_config, parse_override
+from tk.core.config import ConfigError, build_dataclass
 from tk.core.errors import TkError
+from tk.core.recipe import load_config, parse_override
 
 
 def test_toy_recipe_resolves_with_defaults(toy_site, toy_recipe):

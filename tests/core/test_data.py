@@ -3,7 +3,7 @@
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from tk.core.data import LoaderSpec, build_loader
+from tk.core.data.loader import LoaderSpec, build_loader
 
 
 def test_shuffle_order_is_a_function_of_seed_and_epoch():

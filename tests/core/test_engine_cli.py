@@ -9,8 +9,8 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from tk.core.checkpoint import load_checkpoint
 from tk.core.cli import cli
+from tk.core.engine.checkpoint import load_checkpoint
 
 
 def invoke(*args: str):

@@ -1,4 +1,4 @@
-"""Tests for tk.core.generation: cached == uncached decoding (greedy and beam, both stacks),
+"""Tests for tk.core.nn.generation: cached == uncached decoding (greedy and beam, both stacks),
 beam_size=1 == greedy, beam beats greedy on a hand-set LM, beam scores == recomputed
 log-probs, PAD after EOS, max_len/min_len, sampling filters and reproducibility, padded
 prompts/sources == unpadded ones, and input errors."""
@@ -10,7 +10,7 @@ import torch
 
 from tk.core.config import build_dataclass
 from tk.core.errors import TkError
-from tk.core.generation import (
+from tk.core.nn.generation import (
     GenerationConfig,
     beam_search,
     generate,
@@ -20,7 +20,7 @@ from tk.core.generation import (
     top_k_filter,
     top_p_filter,
 )
-from tk.core.transformer import DecoderOnlyLM, EncoderDecoder
+from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder
 
 PAD, BOS, EOS, V = 0, 1, 2, 24
 

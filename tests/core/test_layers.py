@@ -1,11 +1,11 @@
-"""Tests for tk.core.layers: Mlp (timm names, SwiGLU), DropPath, RMSNorm, build_norm."""
+"""Tests for tk.core.nn.layers: Mlp (timm names, SwiGLU), DropPath, RMSNorm, build_norm."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tk.core.layers import DropPath, Mlp, RMSNorm, build_norm
+from tk.core.nn.layers import DropPath, Mlp, RMSNorm, build_norm
 
 
 def test_mlp_matches_timm_mlp_state_dict():

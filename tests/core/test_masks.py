@@ -1,9 +1,9 @@
-"""Tests for tk.core.masks: the bool True = masked convention and its helpers."""
+"""Tests for tk.core.nn.masks: the bool True = masked convention and its helpers."""
 
 import pytest
 import torch
 
-from tk.core.masks import causal_mask, from_additive, merge_masks, padding_mask, to_additive
+from tk.core.nn.masks import causal_mask, from_additive, merge_masks, padding_mask, to_additive
 
 
 def test_padding_mask_marks_pad_tokens():

@@ -1,12 +1,12 @@
-"""Tests for tk.core.pos_embed: known sinusoidal values, length errors, RoPE, resampling."""
+"""Tests for tk.core.nn.pos_embed: known sinusoidal values, length errors, RoPE, resampling."""
 
 import math
 
 import pytest
 import torch
 
-from tk.core.attention import KVCache, MultiHeadAttention
-from tk.core.pos_embed import (
+from tk.core.nn.attention import KVCache, MultiHeadAttention
+from tk.core.nn.pos_embed import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,

@@ -1,4 +1,4 @@
-"""Tests for tk.core.precision: autocast choice, device errors, and loss-scaling skip logic
+"""Tests for tk.core.engine.precision: autocast choice, device errors, and loss-scaling skip logic
 (run on CPU through torch.amp.GradScaler("cpu"))."""
 
 import copy
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from tk.core.engine.precision import LossScaling, Precision
 from tk.core.errors import TkError
-from tk.core.precision import LossScaling, Precision
 
 
 def _setup():

@@ -16,10 +16,11 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from tk.core.checkpoint import load_checkpoint
 from tk.core.cli import cli
-from tk.core.config import load_config
-from tk.core.train import Trainer, TrainingInterrupted
+from tk.core.engine.checkpoint import load_checkpoint
+from tk.core.engine.signals import TrainingInterrupted
+from tk.core.engine.train import Trainer
+from tk.core.recipe import load_config
 
 from ..conftest import TOY_PLUGIN, make_distribution
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from tk.core.checkpoint import load_checkpoint
-from tk.core.config import load_config
+from tk.core.engine.checkpoint import load_checkpoint
+from tk.core.engine.precision import LossScaling
+from tk.core.engine.train import Trainer
 from tk.core.errors import TkError
-from tk.core.precision import LossScaling
-from tk.core.train import Trainer
+from tk.core.recipe import load_config
 
 
 @pytest.fixture(autouse=True)
@@ -199,9 +199,9 @@ def test_torch_compile_trains(toy_site, tmp_path):
 
 
 def test_grad_checkpointing_of_the_core_vit_saves_activation_memory_with_equal_gradients():
-    from tk.core.summary import ActivationMeter
-    from tk.core.train import enable_grad_checkpointing
-    from tk.core.vit import VisionTransformer
+    from tk.core.engine.device import enable_grad_checkpointing
+    from tk.core.engine.summary import ActivationMeter
+    from tk.core.nn.vit import VisionTransformer
 
     measured, grads = [], []
     x = torch.randn(4, 3, 16, 16)

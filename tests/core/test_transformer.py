@@ -1,4 +1,4 @@
-"""Tests for tk.core.transformer: stacks and the seq2seq model match nn.Transformer with
+"""Tests for tk.core.nn.transformer: stacks and the seq2seq model match nn.Transformer with
 copied weights; no leakage; KV-cached decoding equals full recomputation (with reorder)."""
 
 import math
@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from tk.core.masks import causal_mask
-from tk.core.pos_embed import sinusoidal_table
-from tk.core.transformer import DecoderOnlyLM, EncoderDecoder, TransformerDecoder, TransformerEncoder
 from tests.core.test_blocks import _randomise_norms, copy_decoder_layer, copy_encoder_layer, copy_linear_norm
+from tk.core.nn.masks import causal_mask
+from tk.core.nn.pos_embed import sinusoidal_table
+from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder, TransformerDecoder, TransformerEncoder
 
 D, H, FF = 16, 4, 32
 

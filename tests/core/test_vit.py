@@ -1,11 +1,11 @@
-"""Tests for tk.core.vit: timm parity, position-embedding resampling, DeiT heads, hooks."""
+"""Tests for tk.core.nn.vit: timm parity, position-embedding resampling, DeiT heads, hooks."""
 
 import pytest
 import timm
 import torch
 
-from tk.core.optim import OptimConfig, param_groups
-from tk.core.vit import VisionTransformer, convert_timm_vit_state_dict, load_timm_vit
+from tk.core.engine.optim import OptimConfig, param_groups
+from tk.core.nn.vit import VisionTransformer, convert_timm_vit_state_dict, load_timm_vit
 
 
 def _tiny(**kw):

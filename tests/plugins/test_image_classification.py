@@ -14,8 +14,9 @@ import yaml
 from PIL import Image
 from timm.loss import SoftTargetCrossEntropy
 
-from tk.core.config import ConfigError, load_config
+from tk.core.config import ConfigError
 from tk.core.errors import TkError
+from tk.core.recipe import load_config
 from tk.plugins.image_classification import ImageClassificationTask
 from tk.plugins.image_classification.data import MEAN_STD
 from tk.plugins.image_classification.metrics import ConfusionMatrix
@@ -260,7 +261,7 @@ def test_quickstart_learns(tmp_path):
     from click.testing import CliRunner
 
     from tk.core.cli import cli
-    from tk.core.inference import load_run
+    from tk.core.engine.inference import load_run
 
     run_dir = tmp_path / "run"
     args = ["run", "quickstart", f"output_dir={run_dir}", "train.max_steps=250", "train.batch_size=32",

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from tk.core.engine.precision import Precision
 from tk.core.errors import TkError
 
-__all__ = ["resolve_device", "preflight", "seed_everything", "enable_grad_checkpointing"]
+__all__ = ["resolve_device", "preflight", "seed_everything", "enable_grad_checkpointing", "move_to_device"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,8 +33,6 @@ def resolve_device(name: str) -> torch.device:
 def preflight(cfg) -> torch.device:
     """Checks that need the machine (device, precision support), run before a run
     directory is created. Raises TkError."""
-    from tk.core.precision import Precision
-
     device = resolve_device(cfg.train.device)
     Precision(cfg.train.precision, device)
     return device
@@ -62,3 +62,14 @@ def enable_grad_checkpointing(model: nn.Module) -> None:
                       f"method (core ViT and timm models have one); add it to the model or set "
                       f"train.grad_checkpointing=false")
     enable(True)
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Recursively move the tensors of a batch (dicts, lists, tuples) to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: move_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    return batch

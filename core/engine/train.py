@@ -26,19 +26,32 @@ from typing import Any
 import torch
 from torch import nn
 
-from tk.core.config import RunConfig
-from tk.core.data import LoaderSpec
-from tk.core.distributed import main_process_first
-from tk.core.device import enable_grad_checkpointing, preflight, resolve_device, seed_everything  # noqa: F401
+from tk.core.config import RunConfig, config_diff
+from tk.core.data.loader import LoaderSpec
+from tk.core.engine.batches import BatchStream, FixedBatches
+from tk.core.engine.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    export_safetensors,
+    load_checkpoint,
+    load_model_state,
+    preserved_rng,
+    restore_rng_state,
+)
+from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
+from tk.core.engine.distributed import all_reduce_sum, main_process_first
+from tk.core.engine.ema import ModelEMA
+from tk.core.engine.evaluate import evaluate_loader
+from tk.core.engine.optim import build_optimizer, scale_and_clip_
+from tk.core.engine.precision import Precision
+from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, train_line, window_record
+from tk.core.engine.schedule import build_scheduler
+from tk.core.engine.signals import TrainingInterrupted, stop_signals
+from tk.core.engine.summary import ActivationMeter, count_parameters, format_bytes
 from tk.core.errors import TkError
-from tk.core.loop import (BatchStream, FixedBatches, config_diff, evaluate_loader, move_to_device, preserved_rng,
-                          scale_and_clip_, stop_signals, TrainingInterrupted)
-from tk.core.runlog import ProgressBar, RunLog, Throughput, train_line, window_record
-from tk.core.summary import ActivationMeter, count_parameters, format_bytes
 from tk.core.task import StepOutput, Task
 
-__all__ = ["Trainer", "TrainingInterrupted", "resolve_device", "preflight", "seed_everything",
-           "enable_grad_checkpointing", "move_to_device", "count_parameters"]
+__all__ = ["Trainer"]
 
 
 class Trainer:
@@ -48,17 +61,11 @@ class Trainer:
         cfg: the resolved run config.
         task_cls: the task class named by ``cfg.task``.
         run_dir: where logs, metrics and checkpoints go (None: write nothing).
-        dist: process-group info from ``tk.core.distributed.init_distributed``
+        dist: process-group info from ``tk.core.engine.distributed.init_distributed``
             (None for a single process). Only rank 0 writes.
     """
 
     def __init__(self, cfg: RunConfig, task_cls: type[Task], run_dir: Path | None, dist=None) -> None:
-        from tk.core.checkpoint import CheckpointManager
-        from tk.core.ema import ModelEMA
-        from tk.core.optim import build_optimizer
-        from tk.core.precision import Precision
-        from tk.core.schedule import build_scheduler
-
         self.cfg, self.tcfg = cfg, cfg.train
         t = self.tcfg
         self.rank = dist.rank if dist else 0
@@ -194,8 +201,6 @@ class Trainer:
         stats = torch.cat([torch.stack([sums[k].double().reshape(()) for k in on_device]),
                            torch.tensor([sums[k] for k in on_host], dtype=torch.float64, device=self.device)])
         if self.world_size > 1:  # totals over processes: loss, items, logs and "anyone got a signal"
-            from tk.core.distributed import all_reduce_sum
-
             all_reduce_sum(stats)
         return self._apply_update(dict(zip(on_device + on_host, stats)), prescale)
 
@@ -294,8 +299,6 @@ class Trainer:
     # -- checkpoints -----------------------------------------------------------------
     def _rng_states(self) -> list[dict[str, Any]]:
         """Every process's RNG states, rank order (a collective when distributed)."""
-        from tk.core.checkpoint import capture_rng_state
-
         state = capture_rng_state()
         if self.world_size == 1:
             return [state]
@@ -318,8 +321,6 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a checkpoint of another model fails with a message
         naming the mismatching weights and the config settings that differ."""
-        from tk.core.checkpoint import load_model_state, restore_rng_state
-
         diff = config_diff(state.get("config", {}), self.cfg.to_dict())
         try:
             load_model_state(self.model, state["model"])
@@ -348,8 +349,6 @@ class Trainer:
 
     def resume(self, path: str | Path | None = None) -> None:
         """Continue from ``path`` (default: the run dir's ``checkpoints/last.pt``)."""
-        from tk.core.checkpoint import load_checkpoint
-
         if path is None:
             path = self.run_dir / "checkpoints" / "last.pt" if self.run_dir else None
         if path is None or not Path(path).exists():
@@ -392,8 +391,6 @@ class Trainer:
                 bar.close()
             self.log.attach_bar(None)
         if self.checkpoints is not None:
-            from tk.core.checkpoint import export_safetensors
-
             export_safetensors(self.model, self.run_dir / "model.safetensors")
             if self.ema is not None:
                 export_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")

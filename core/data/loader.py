@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 

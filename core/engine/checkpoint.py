@@ -7,6 +7,7 @@ safetensors: https://huggingface.co/docs/safetensors
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -14,7 +15,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -23,7 +24,7 @@ from tk.core.errors import TkError
 
 __all__ = [
     "save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state",
-    "CheckpointManager", "load_model_state", "export_safetensors", "average_checkpoints",
+    "CheckpointManager", "preserved_rng", "load_model_state", "export_safetensors", "average_checkpoints",
 ]
 
 _MARK = "_tk_checkpoint"  # format version stored in every checkpoint tk writes
@@ -146,6 +147,16 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
 
 
 # -- rotation --------------------------------------------------------------------------
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run the block, then put every RNG (python, numpy, torch, CUDA) back as it was."""
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     """Make ``dst`` the same file as ``src`` (hard link: no extra disk), atomically."""
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")

@@ -9,6 +9,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from tk.core.data.loader import LoaderSpec
+from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
+from tk.core.engine.precision import Precision
+
 __all__ = ["count_parameters", "format_bytes", "ActivationMeter", "module_output_shapes", "format_shapes",
            "recipe_summary"]
 
@@ -139,11 +143,6 @@ def recipe_summary(cfg, task_cls) -> str:
         cfg: a resolved :class:`tk.core.config.RunConfig`.
         task_cls: its task class.
     """
-    from tk.core.data import LoaderSpec
-    from tk.core.loop import move_to_device
-    from tk.core.precision import Precision
-    from tk.core.device import enable_grad_checkpointing, resolve_device, seed_everything
-
     t = cfg.train
     seed_everything(t.seed)
     device = resolve_device(t.device)

@@ -4,7 +4,7 @@ Convention (used everywhere in tk): a mask is a **boolean** tensor where **True 
 (the query may NOT attend to that key), as ``nn.Transformer`` / ``nn.MultiheadAttention``
 take it and as ``tokens.eq(pad_id)`` reads. Masks broadcast to (B, H, Tq, Tk).
 ``F.scaled_dot_product_attention`` uses the opposite convention; the inversion happens in
-exactly one place, :func:`tk.core.attention.scaled_dot_product_attention`.
+exactly one place, :func:`tk.core.nn.attention.scaled_dot_product_attention`.
 
 Paper: "Attention Is All You Need" (Vaswani et al., 2017), https://arxiv.org/abs/1706.03762
 """
@@ -22,7 +22,7 @@ def _check_bool(mask: Tensor, name: str) -> None:
         raise ValueError(
             f"{name} must be a bool tensor (True = masked), got dtype {mask.dtype}; "
             "convert a 0/1 mask with `.bool()` or an additive float mask with "
-            "`tk.core.masks.from_additive(mask)`"
+            "`tk.core.nn.masks.from_additive(mask)`"
         )
 
 

@@ -17,8 +17,8 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from tk.core.attention import KVCache, MultiHeadAttention
-from tk.core.layers import DropPath, Mlp, RMSNorm, build_norm
+from tk.core.nn.attention import KVCache, MultiHeadAttention
+from tk.core.nn.layers import DropPath, Mlp, RMSNorm, build_norm
 
 __all__ = ["EncoderLayer", "DecoderLayer", "DecoderOnlyLayer", "Mlp", "DropPath", "RMSNorm", "build_norm"]
 

@@ -7,7 +7,7 @@ Papers: beam search for NMT, "Sequence to Sequence Learning with Neural Networks
 ``score / len**alpha``); top-k sampling (Fan et al., 2018), https://arxiv.org/abs/1805.04833;
 nucleus (top-p) sampling (Holtzman et al., 2020), https://arxiv.org/abs/1904.09751.
 
-Works with any model that has the generation API of :mod:`tk.core.transformer`:
+Works with any model that has the generation API of :mod:`tk.core.nn.transformer`:
 ``init_cache``, ``decode_step`` and ``reorder_cache``, plus ``forward`` (decoder-only LM) or
 ``encode``/``decode`` (encoder-decoder; recognised by its ``encode`` method).
 
@@ -168,7 +168,7 @@ def _is_seq2seq(model: nn.Module) -> bool:
 def _check_model(model: nn.Module, inputs: Tensor) -> None:
     missing = [m for m in ("init_cache", "decode_step", "reorder_cache") if not hasattr(model, m)]
     if missing:
-        raise TypeError(f"{type(model).__name__} cannot generate: it lacks {missing} (see tk.core.transformer)")
+        raise TypeError(f"{type(model).__name__} cannot generate: it lacks {missing} (see tk.core.nn.transformer)")
     if model.training:
         raise ValueError("generation needs the model in eval mode (dropout off): call model.eval() first")
     if not isinstance(inputs, Tensor) or inputs.dim() != 2 or inputs.dtype not in (torch.long, torch.int):
@@ -193,7 +193,7 @@ def _prompt_lengths(prompt: Tensor, prompt_lengths: Tensor | None, pad: int | No
             row = int(inside.any(dim=1).nonzero()[0])
             raise ValueError(
                 f"prompt row {row} has PAD ({pad}) before a real token: prompts must be right-padded "
-                "(left padding is not supported, see tk.core.generation), or pass prompt_lengths"
+                "(left padding is not supported, see tk.core.nn.generation), or pass prompt_lengths"
             )
     if bool((lengths < 1).any()):
         raise ValueError(f"every prompt needs at least one token (e.g. BOS), got lengths {lengths.tolist()}")

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tk.core.attention import MultiHeadAttention
-from tk.core.layers import DropPath, Mlp
-from tk.core.pos_embed import resample_pos_embed
+from tk.core.nn.attention import MultiHeadAttention
+from tk.core.nn.layers import DropPath, Mlp
+from tk.core.nn.pos_embed import resample_pos_embed
 
 POOLINGS = ("cls", "mean")
 # timm ViT parts without a tk counterpart: register tokens, pre-norm, attention pooling,

@@ -17,11 +17,16 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from tk.core.attention import KVCache
-from tk.core.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
-from tk.core.layers import build_norm
-from tk.core.masks import padding_mask
-from tk.core.pos_embed import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from tk.core.nn.attention import KVCache
+from tk.core.nn.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
+from tk.core.nn.layers import build_norm
+from tk.core.nn.masks import padding_mask
+from tk.core.nn.pos_embed import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+)
 
 POS_ENCODINGS = ("sinusoidal", "learned", "rotary")
 

@@ -5,7 +5,7 @@ Papers: "Attention Is All You Need" (Vaswani et al., 2017), https://arxiv.org/ab
 grouped-query attention, "GQA" (Ainslie et al., 2023), https://arxiv.org/abs/2305.13245;
 multi-query attention (Shazeer, 2019), https://arxiv.org/abs/1911.02150.
 
-Masks follow :mod:`tk.core.masks`: bool, True = masked.
+Masks follow :mod:`tk.core.nn.masks`: bool, True = masked.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tk.core.masks import causal_mask, merge_masks
+from tk.core.nn.masks import causal_mask, merge_masks
 
 # enable_gqa arrived in torch 2.5; older versions get k/v expanded to H heads instead.
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -266,7 +266,7 @@ class MultiHeadAttention(nn.Module):
             attn_drop: dropout on attention weights.
             proj_drop: dropout on the output.
             cross_attention: keys/values come from ``context`` (an encoder output).
-            rotary: optional :class:`tk.core.pos_embed.RotaryEmbedding` applied to q and k
+            rotary: optional :class:`tk.core.nn.pos_embed.RotaryEmbedding` applied to q and k
                 (self-attention only).
 
         Raises:

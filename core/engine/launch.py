@@ -18,7 +18,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from tk.core.engine.device import preflight
+from tk.core.engine.distributed import cleanup, init_distributed
+from tk.core.engine.precision import Precision
+from tk.core.engine.train import Trainer
 from tk.core.errors import TkError
+from tk.core.recipe import load_config
 
 __all__ = ["check_run_dir", "prepare_run_dir", "launch_command", "launch", "run_training"]
 
@@ -134,8 +139,6 @@ def _init_distributed(device: str):
     """Join torchrun's process group when ``WORLD_SIZE > 1``; None otherwise."""
     if _world_size() <= 1:
         return None
-    from tk.core.distributed import init_distributed
-
     kind = None if device == "auto" else ("cuda" if device.startswith("cuda") else device)
     return init_distributed(kind)
 
@@ -163,13 +166,8 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
 
     Raises:
         TkError: config, machine or run-dir problems (before anything is written).
-        tk.core.train.TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved.
+        tk.core.engine.train.TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved.
     """
-    from tk.core.config import load_config
-    from tk.core.precision import Precision
-    from tk.core.device import preflight
-    from tk.core.train import Trainer
-
     cfg, task_cls = load_config(recipe, list(overrides))
     dist = _init_distributed(cfg.train.device)
     try:
@@ -206,6 +204,4 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         return trainer.fit()
     finally:
         if dist is not None:
-            from tk.core.distributed import cleanup
-
             cleanup()

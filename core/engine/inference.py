@@ -8,7 +8,13 @@ from typing import Any
 
 from torch import nn
 
+from tk.core.data.loader import LoaderSpec
+from tk.core.engine.checkpoint import load_checkpoint, load_model_state
+from tk.core.engine.device import resolve_device
+from tk.core.engine.evaluate import evaluate_loader
+from tk.core.engine.precision import Precision
 from tk.core.errors import TkError
+from tk.core.recipe import load_config
 from tk.core.task import Task
 
 __all__ = ["resolve_checkpoint", "step_checkpoints", "load_run", "evaluate_run"]
@@ -43,9 +49,6 @@ def step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _load(run_dir: str | Path, checkpoint: str, overrides: list[str]):
-    from tk.core.checkpoint import load_checkpoint
-    from tk.core.config import load_config
-
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
@@ -56,8 +59,6 @@ def _load(run_dir: str | Path, checkpoint: str, overrides: list[str]):
 
 
 def _build(cfg, task_cls, state: dict[str, Any], ema: bool, path: Path) -> tuple[Task, nn.Module]:
-    from tk.core.checkpoint import load_model_state
-
     task = task_cls(cfg)
     task.load_state_dict(state.get("task_state", {}))
     model = task.build_model()
@@ -97,11 +98,6 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "va
     Raises:
         TkError: see :func:`load_run`; or the split has no data.
     """
-    from tk.core.data import LoaderSpec
-    from tk.core.loop import evaluate_loader
-    from tk.core.precision import Precision
-    from tk.core.device import resolve_device
-
     cfg, task_cls, path, state = _load(run_dir, checkpoint, overrides)
     device = resolve_device(cfg.train.device)
     precision = Precision(cfg.train.precision, device)

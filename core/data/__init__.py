@@ -1,0 +1,1 @@
+"""Data loading shared by every task: the loader spec, samplers and the default loader."""

@@ -1,0 +1,1 @@
+"""The training engine: the loop, precision, checkpoints, distribution, optimisers, schedules, logging."""

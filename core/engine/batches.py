@@ -1,0 +1,108 @@
+"""The resumable stream of training batches (and the fixed batches of ``train.overfit_batches``)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from tk.core.engine.checkpoint import preserved_rng
+from tk.core.errors import TkError
+
+__all__ = ["BatchStream", "FixedBatches"]
+
+
+class BatchStream:
+    """The training batches, pass after pass, with a position that checkpoints can hold.
+
+    Each pass is cut to ``batches_per_epoch`` (a multiple of ``grad_accum``): the last
+    few micro-batches that cannot fill an update are dropped, so an update never mixes
+    two passes, and ``grad_accum=4, batch_size=8`` sees exactly the samples of
+    ``grad_accum=1, batch_size=32`` in every update (same sampler order).
+
+    The order of a pass is a pure function of (seed, epoch) (the samplers of
+    ``tk.core.data.loader``); on resume the pass is replayed and the consumed batches are
+    loaded and dropped, with the RNG states preserved around both, so the batches and
+    the random numbers after a resume match an uninterrupted run.
+
+    Args:
+        loader: the training loader (samplers with ``set_epoch`` get the pass number).
+        batches_per_epoch: micro-batches used per pass.
+        seed: base seed for DataLoader worker seeds; rank: the process rank.
+    """
+
+    def __init__(self, loader, batches_per_epoch: int, seed: int = 0, rank: int = 0) -> None:
+        self.loader = loader
+        self.batches_per_epoch = batches_per_epoch
+        self.seed, self.rank = seed, rank
+        self.epoch = 0  # passes started
+        self.batch = 0  # batches consumed in the current pass
+        self._it: Iterator | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self._it = None
+
+    def next(self) -> Any:
+        """The next micro-batch (on the host)."""
+        for _ in range(2):
+            if self.batch >= self.batches_per_epoch:
+                self.epoch, self.batch, self._it = self.epoch + 1, 0, None
+            if self._it is None:
+                self._it = self._open()
+            try:
+                batch = next(self._it)
+            except StopIteration:  # the loader gave fewer batches than expected this pass
+                self.batch = self.batches_per_epoch
+                continue
+            self.batch += 1
+            return batch
+        raise TkError(f"the training loader yielded no batches in pass {self.epoch}; check the train split")
+
+    def _open(self) -> Iterator:
+        with preserved_rng():
+            for part in (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None)):
+                if hasattr(part, "set_epoch"):
+                    part.set_epoch(self.epoch)
+            if isinstance(self.loader, DataLoader):
+                # DataLoader draws its worker seed from the global RNG unless it has a
+                # generator; a (seed, rank, epoch) one keeps the global stream untouched.
+                self.loader.generator = torch.Generator().manual_seed(
+                    (self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank)
+            it = iter(self.loader)
+            for _ in range(self.batch):  # resume mid-pass
+                next(it)
+        return it
+
+
+class FixedBatches:
+    """``train.overfit_batches``: the first ``n`` batches of pass 0, repeated forever
+    (a sanity check: a model that cannot drive their loss near zero has a bug)."""
+
+    def __init__(self, loader, n: int) -> None:
+        with preserved_rng():
+            if isinstance(loader, DataLoader):
+                loader.generator = torch.Generator().manual_seed(0)
+            it = iter(loader)
+            self.batches = [b for _, b in zip(range(n), it)]
+        if len(self.batches) < n:
+            raise TkError(f"train.overfit_batches: the train split has only {len(self.batches)} batches, "
+                          f"asked for {n}; lower train.overfit_batches")
+        self.epoch = 0
+        self.batch = 0  # batches served in total
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+
+    def next(self) -> Any:
+        batch = self.batches[self.batch % len(self.batches)]
+        self.batch += 1
+        self.epoch = self.batch // len(self.batches)
+        return batch

@@ -1,0 +1,1 @@
+"""Model parts: attention, masks, positional encodings, layers, Transformer stacks, ViT, generation."""
