@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 import tk
-from tk.core.engine.launch import prepare_run_dir  # noqa: F401  (re-exported: the CLI's run-dir rules)
+from tk.core.engine.signals import TrainingFailed
 from tk.core.errors import TkError
 
 DEBUG_ENV = "TK_DEBUG"
@@ -55,7 +55,8 @@ class TkGroup(click.Group):
                 traceback.print_exc()
             else:
                 hint = " (run with --debug for the full traceback)"
-                click.echo(f"error: {type(e).__name__}: {e}{hint}", err=True)
+                what = str(e) if isinstance(e, TrainingFailed) else f"{type(e).__name__}: {e}"
+                click.echo(f"error: {what}{hint}", err=True)
             ctx.exit(1)
 
 

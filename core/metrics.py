@@ -1,12 +1,14 @@
-"""Evaluation metrics whose tensor states merge exactly across processes.
+"""Evaluation metrics whose states merge exactly across processes.
 
-A metric accumulates sufficient statistics per batch (``update``), merges them across
-processes once (``sync``) and turns them into numbers (``compute``), in the spirit of
+A metric declares its result keys (``keys``), accumulates sufficient statistics per
+batch (``update``), merges them across processes once (``sync``), turns them into
+numbers (``compute``) and may write files (``write``, on rank 0 only), in the spirit of
 torchmetrics (https://lightning.ai/docs/torchmetrics).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import torch
@@ -14,22 +16,26 @@ import torch.distributed as dist
 
 from tk.core.engine.distributed import comm_device, is_distributed
 from tk.core.errors import TkError
-from tk.core.step import StepOutput
+from tk.core.step import EvalContext, StepOutput
 
 __all__ = ["Metric", "Accuracy", "Mean", "MetricCollection"]
 
-Reduce = Literal["sum", "max", "min", "cat"]
+Reduce = Literal["sum", "max", "min", "cat", "objects"]
 _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
 class Metric:
     """Base class: declare states with :meth:`add_state` in ``__init__`` and implement
-    :meth:`update` and :meth:`compute`.
+    :meth:`keys`, :meth:`update` and :meth:`compute` (and :meth:`write` for files).
 
-    States are tensors. ``"sum"``/``"max"``/``"min"`` states are reduced element-wise
-    across processes; ``"cat"`` states are concatenated along dim 0 (grow them with
-    :meth:`append`). Call :meth:`sync` once after the last ``update`` and before
-    ``compute``; it is a no-op outside a multi-process group and when already synced.
+    Tensor states: ``"sum"``/``"max"``/``"min"`` are reduced element-wise across
+    processes; ``"cat"`` states are concatenated along dim 0 (grow them with
+    :meth:`append`). Object states (``reduce="objects"``, default ``[]``) hold Python
+    objects as ``(example_id, value)`` pairs (e.g. hypothesis strings with their
+    dataset index, grown with :meth:`extend`); they are gathered from every process and
+    come back sorted by example id, i.e. in dataset order. Call :meth:`sync` once after
+    the last ``update`` and before ``compute``; it is a no-op outside a multi-process
+    group and when already synced.
     """
 
     def __init__(self) -> None:
@@ -38,19 +44,37 @@ class Metric:
         self._synced = False
         self.device = torch.device("cpu")
 
-    def add_state(self, name: str, default: torch.Tensor, reduce: Reduce = "sum") -> None:
+    def add_state(self, name: str, default: torch.Tensor | list, reduce: Reduce = "sum") -> None:
         """Declare a state ``self.<name>`` that starts as a copy of ``default``.
 
         Raises:
-            ValueError: unknown ``reduce`` or a non-tensor default.
+            ValueError: unknown ``reduce``, a non-tensor default for a tensor state, or a
+                non-empty-list default for an object state.
         """
-        if reduce not in ("sum", "max", "min", "cat"):
-            raise ValueError(f"reduce must be 'sum', 'max', 'min' or 'cat', got {reduce!r}")
-        if not isinstance(default, torch.Tensor):
+        if reduce not in ("sum", "max", "min", "cat", "objects"):
+            raise ValueError(f"reduce must be 'sum', 'max', 'min', 'cat' or 'objects', got {reduce!r}")
+        if reduce == "objects":
+            if default != []:
+                raise ValueError(f"state {name!r}: an object state starts as [], got {default!r}")
+        elif not isinstance(default, torch.Tensor):
             raise ValueError(f"state {name!r}: default must be a tensor, got {type(default).__name__}")
-        self._defaults[name] = default.detach().clone()
+        self._defaults[name] = [] if reduce == "objects" else default.detach().clone()
         self._reductions[name] = reduce
-        setattr(self, name, default.detach().clone().to(self.device))
+        setattr(self, name, self._fresh(name))
+
+    def _fresh(self, name: str) -> torch.Tensor | list:
+        default = self._defaults[name]
+        return [] if isinstance(default, list) else default.clone().to(self.device)
+
+    def extend(self, name: str, items: Sequence[tuple[int, Any]]) -> None:
+        """Add ``(example_id, value)`` pairs to the object state ``name``."""
+        getattr(self, name).extend((int(i), v) for i, v in items)
+
+    def keys(self) -> list[str]:
+        """The result keys ``compute`` returns (without the split prefix), known before
+        any data is seen, so a collision or a ``train.best_metric`` typo is found before
+        training starts."""
+        raise NotImplementedError(f"{type(self).__name__} must implement keys() (the names compute() returns)")
 
     def append(self, name: str, value: torch.Tensor) -> None:
         """Concatenate ``value`` (dim 0) onto the ``"cat"`` state ``name``."""
@@ -65,17 +89,23 @@ class Metric:
         """The metric values from the (synced) states."""
         raise NotImplementedError(f"{type(self).__name__} must implement compute")
 
+    def write(self, out_dir: Path, ctx: EvalContext) -> None:
+        """Write files (tables, plots) after ``compute``. The engine calls it on rank 0
+        only, when the run has a run dir, with ``out_dir = <run_dir>/eval``; a metric
+        never needs ``torch.distributed`` for this."""
+
     def reset(self) -> None:
         """Put every state back to its default."""
-        for name, default in self._defaults.items():
-            setattr(self, name, default.clone().to(self.device))
+        for name in self._defaults:
+            setattr(self, name, self._fresh(name))
         self._synced = False
 
     def to(self, device: torch.device | str) -> Metric:
-        """Move the states to ``device`` (where ``update`` receives its tensors)."""
+        """Move the tensor states to ``device`` (where ``update`` receives its tensors)."""
         self.device = torch.device(device)
-        for name in self._defaults:
-            setattr(self, name, getattr(self, name).to(self.device))
+        for name, reduce in self._reductions.items():
+            if reduce != "objects":
+                setattr(self, name, getattr(self, name).to(self.device))
         return self
 
     def sync(self) -> None:
@@ -89,6 +119,11 @@ class Metric:
             return
         dev = comm_device()
         for name, reduce in self._reductions.items():
+            if reduce == "objects":
+                gathered: list[Any] = [None] * dist.get_world_size()
+                dist.all_gather_object(gathered, getattr(self, name))
+                setattr(self, name, sorted((pair for part in gathered for pair in part), key=lambda p: p[0]))
+                continue
             local = getattr(self, name).to(dev)
             if reduce == "cat":
                 merged = _all_gather_cat(local)
@@ -171,6 +206,9 @@ class Accuracy(Metric):
         self.correct += correct.to(self.correct.device)
         self.total += target.numel()
 
+    def keys(self) -> list[str]:
+        return [f"top{k}" for k in self.topk]
+
     def compute(self) -> dict[str, float]:
         total = int(self.total.item())
         return {
@@ -205,32 +243,49 @@ class Mean(Metric):
         self.sum += torch.as_tensor(value).detach().to(self.sum.device, torch.float64)
         self.count += torch.as_tensor(out.num_items).detach().to(self.count.device, torch.float64)
 
+    def keys(self) -> list[str]:
+        return [self.name]
+
     def compute(self) -> dict[str, float]:
         count = float(self.count)
         return {self.name: float(self.sum) / count if count else float("nan")}
 
 
 class MetricCollection:
-    """Update, sync and compute a dict of metrics at once; results get ``prefix``.
+    """Update, sync, compute and write a dict of metrics at once; results get ``prefix``.
 
     ``MetricCollection({"acc": Accuracy((1, 5))}, prefix="val/").compute()`` returns
     ``{"val/top1": ..., "val/top5": ...}``.
 
     Raises:
-        ValueError (from ``compute``): two metrics return the same result name.
+        TkError: two metrics declare the same result key (checked at construction,
+            from ``Metric.keys()``), naming both.
     """
 
     def __init__(self, metrics: Mapping[str, Metric], prefix: str = "") -> None:
-        self.metrics = dict(metrics)
+        self.metrics = dict(sorted(metrics.items()))  # same order on every process: sync is a collective
         self.prefix = prefix
+        self.owner: dict[str, str] = {}
+        for name, metric in self.metrics.items():
+            for key in metric.keys():
+                full = prefix + key
+                if full in self.owner:
+                    raise TkError(f"metrics {self.owner[full]!r} ({type(self.metrics[self.owner[full]]).__name__}) "
+                                  f"and {name!r} ({type(metric).__name__}) both return {full!r}; give one of "
+                                  f"them other result keys")
+                self.owner[full] = name
+
+    def keys(self) -> list[str]:
+        """Every result key, prefixed, in metric order."""
+        return list(self.owner)
 
     def update(self, out: StepOutput, batch: Mapping[str, Any]) -> None:
         for metric in self.metrics.values():
             metric.update(out, batch)
 
     def sync(self) -> None:
-        for name in sorted(self.metrics):  # same order on every process
-            self.metrics[name].sync()
+        for metric in self.metrics.values():
+            metric.sync()
 
     def reset(self) -> None:
         for metric in self.metrics.values():
@@ -242,12 +297,22 @@ class MetricCollection:
         return self
 
     def compute(self) -> dict[str, float]:
+        """Every metric's results, prefixed.
+
+        Raises:
+            TkError: a metric returned a key it did not declare in ``keys()``.
+        """
         results: dict[str, float] = {}
-        owner: dict[str, str] = {}
         for name, metric in self.metrics.items():
-            for key, value in metric.compute().items():
-                full = self.prefix + key
-                if full in results:
-                    raise ValueError(f"metrics {owner[full]!r} and {name!r} both return {full!r}; rename one")
-                results[full], owner[full] = value, name
+            values = metric.compute()
+            undeclared = sorted(set(values) - set(metric.keys()))
+            if undeclared:
+                raise TkError(f"metric {name!r} ({type(metric).__name__}) returned {undeclared} but its keys() "
+                              f"declare {metric.keys()}; add them to keys()")
+            results.update({self.prefix + k: v for k, v in values.items()})
         return results
+
+    def write(self, out_dir: Path, ctx: EvalContext) -> None:
+        """Let every metric write its files (call on rank 0 only)."""
+        for metric in self.metrics.values():
+            metric.write(out_dir, ctx)

@@ -1,25 +1,32 @@
 """The Task contract: the one extension point of tk.
 
 A task supplies what differs between jobs (data, model, loss, metrics, prediction);
-the engine in ``tk.core.engine.train`` owns everything else (devices, precision, gradient
+the engine in ``tk.core.engine`` owns everything else (devices, precision, gradient
 accumulation, clipping, schedules, checkpoints, logging, distribution).
-See ``docs/plugins.md`` for a walk-through.
+
+Every command builds a task in one order (``tk.core.engine.assemble``):
+construct ``Task(cfg, run_dir)`` -> ``load_state_dict`` (resume, eval, predict, average)
+-> ``setup(resume=...)`` -> data -> ``build_model`` -> ``init_pretrained`` (fresh
+training runs only). See ``docs/plugins.md`` for which hook runs in which command.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from tk.core.artifacts import TaskFiles
 from tk.core.config import RunConfig
 from tk.core.data.loader import LoaderSpec, build_loader
+from tk.core.engine.optim import OptimConfig, param_groups
 from tk.core.metrics import Metric
-from tk.core.step import StepOutput
+from tk.core.step import EvalContext, StepOutput
 
 
 @dataclass
@@ -37,9 +44,12 @@ class Task:
         extra_sections: further top-level recipe sections owned by the task
             (e.g. ``{"mixup": MixupConfig, "distill": DistillConfig}``).
 
-    An instance is built from a validated :class:`tk.core.config.RunConfig`;
+    An instance is built from a validated :class:`tk.core.config.RunConfig` and the
+    run directory it belongs to (None where a command has none, e.g. ``tk summary``);
     ``self.data``, ``self.model_cfg`` and ``self.sections[name]`` hold the task's
-    parsed sections, ``self.cfg`` the whole run config.
+    parsed sections, ``self.cfg`` the whole run config, ``self.run_dir`` the run dir
+    where it is now (never ``cfg.output_dir``, which may have moved) and ``self.files``
+    its task files (``<run_dir>/artifacts``).
     """
 
     name: ClassVar[str] = ""
@@ -47,8 +57,10 @@ class Task:
     ModelConfig: ClassVar[type] = EmptyConfig
     extra_sections: ClassVar[Mapping[str, type]] = {}
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None) -> None:
         self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.files = TaskFiles(self.run_dir)
         self.data = cfg.sections["data"]
         self.model_cfg = cfg.sections["model"]
         self.sections = cfg.sections
@@ -70,11 +82,15 @@ class Task:
         return []
 
     # -- lifecycle ---------------------------------------------------------------
-    def setup(self, run_dir: str | None) -> None:
-        """Prepare shared state before data and model are built (e.g. train a tokenizer).
+    def setup(self, resume: bool = False) -> None:
+        """Prepare shared state before data and model are built (e.g. train a tokenizer
+        and write it with ``self.files.write_text``).
 
-        ``run_dir`` is where the run writes (None for evaluation-only use); on resume
-        ``load_state_dict`` is called instead of redoing expensive work.
+        Args:
+            resume: False only on a fresh training run. True on resume, eval, predict
+                and average: ``load_state_dict`` has run already, and the task files
+                written by the first set-up exist; load them instead of recomputing
+                (a tokenizer must never be retrained there).
         """
 
     def state_dict(self) -> dict[str, Any]:
@@ -108,6 +124,20 @@ class Task:
         """The model: a core backbone plus the task's head."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_model")
 
+    def init_pretrained(self, model: nn.Module) -> None:
+        """Load pretrained weights into a freshly built model (e.g. a timm backbone).
+
+        Called on a fresh training run only, after ``build_model`` and before the
+        optimiser is built; resume, eval and predict load the run's own weights instead,
+        so a pretrained file is not needed to evaluate a finished run.
+        """
+
+    def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups (default: core's decay / no-decay groups with
+        ``optim.layer_decay``). Override e.g. for a lower learning rate on a pretrained
+        backbone than on a new head: ``param_groups(model, optim_cfg, lr_scale=...)``."""
+        return param_groups(model, optim_cfg)
+
     def build_teacher(self) -> nn.Module | None:
         """An optional frozen model (distillation). The engine moves it to the device,
         puts it in eval mode without gradients and stores it in ``self.teacher``."""
@@ -117,14 +147,16 @@ class Task:
         """Forward pass and summed loss for one training batch."""
         raise NotImplementedError(f"{type(self).__name__} must implement loss")
 
-    def eval_step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+    def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
         """Forward pass for evaluation; ``outputs`` feeds the metrics. Override to add
-        e.g. beam-search hypotheses for BLEU."""
+        e.g. beam-search hypotheses for BLEU, where ``ctx`` says to (``ctx.every(n)``)."""
         return self.loss(model, batch)
 
-    def build_metrics(self, split: str) -> dict[str, Metric]:
-        """Fresh metrics for one evaluation pass; each gets ``update(step_output, batch)``
-        per batch, is synced across processes, then ``compute()``-d."""
+    def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
+        """Fresh metrics for one evaluation pass (``ctx.split`` names the split); each
+        gets ``update(step_output, batch)`` per batch, is synced across processes, then
+        ``compute()``-d. Each metric declares its result keys (``Metric.keys()``), which
+        must not collide, so ``train.best_metric`` is checked before training."""
         return {}
 
     # -- inference ---------------------------------------------------------------

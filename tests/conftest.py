@@ -70,7 +70,7 @@ TOY_PLUGIN = textwrap.dedent('''
             loss = nn.functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
             return StepOutput(loss=loss, num_items=batch["labels"].numel(), outputs=logits)
 
-        def build_metrics(self, split):
+        def build_metrics(self, ctx):
             return {"acc": Accuracy(topk=(1,))}
 
 
@@ -135,7 +135,7 @@ TOY_PLUGIN = textwrap.dedent('''
             correct = (logits[keep].argmax(-1) == batch["labels"][keep]).sum()
             return StepOutput(loss=loss, num_items=keep.sum(), outputs=logits, logs={"acc": correct})
 
-        def build_metrics(self, split):
+        def build_metrics(self, ctx):
             return {"acc": Accuracy(topk=(1,), ignore_index=-100)}
 ''')
 

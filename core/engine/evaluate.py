@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from tk.core.engine.device import move_to_device
-from tk.core.engine.distributed import all_reduce_sum
+from tk.core.engine.distributed import all_reduce_sum, is_main_process
+from tk.core.metrics import MetricCollection
+from tk.core.step import EvalContext
 
-__all__ = ["evaluate_loader"]
+__all__ = ["evaluate_loader", "metric_keys"]
+
+
+def metric_keys(task, ctx: EvalContext) -> list[str]:
+    """The result keys an evaluation in ``ctx`` will return (``<prefix>/loss`` first),
+    from the metrics' declared keys: known before any data is read.
+
+    Raises:
+        TkError: two metrics declare the same key.
+    """
+    prefix = ctx.key_prefix + "/"
+    return [prefix + "loss"] + MetricCollection(task.build_metrics(ctx), prefix).keys()
 
 
 @torch.no_grad()
-def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precision, split: str,
-                    prefix: str | None = None) -> dict[str, float]:
+def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precision, ctx: EvalContext,
+                    out_dir: Path | None = None) -> dict[str, float]:
     """Loss and the task's metrics over ``loader``, merged across processes.
 
     Args:
@@ -22,32 +37,30 @@ def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precis
         loader: batches of the split (sharded per process when distributed).
         device: where the model is.
         precision: a ``tk.core.engine.precision.Precision`` (autocast).
-        split: the split name given to ``build_metrics``.
-        prefix: key prefix of the results (default ``split``), e.g. ``"val_ema"``.
+        ctx: which evaluation this is (split, step, periodic/final/stand-alone, prefix).
+        out_dir: where metrics may write files (rank 0 only); None writes nothing.
 
     Returns:
-        ``{"<prefix>/loss": ..., "<prefix>/<metric>": ...}``; the loss is per item.
+        ``{"<prefix>/loss": ..., "<prefix>/<metric key>": ...}``; the loss is per item.
     """
-    prefix = prefix or split
+    prefix = ctx.key_prefix + "/"
     was_training = model.training
     model.eval()
-    metrics = task.build_metrics(split)
-    for m in metrics.values():
-        m.to(device)
+    metrics = MetricCollection(task.build_metrics(ctx), prefix).to(device)
     totals = torch.zeros(2, device=device, dtype=torch.float64)
     for batch in loader:
         batch = move_to_device(batch, device)
         with precision.autocast():
             batch = task.transform_batch(batch, training=False)
-            out = task.eval_step(model, batch)
+            out = task.eval_step(model, batch, ctx)
         totals[0] += out.loss.detach().double()
         totals[1] += out.num_items
-        for m in metrics.values():
-            m.update(out, batch)
+        metrics.update(out, batch)
     all_reduce_sum(totals)
-    results = {f"{prefix}/loss": float(totals[0] / totals[1].clamp(min=1))}
-    for name in sorted(metrics):  # same order on every process: sync is a collective
-        metrics[name].sync()
-        results.update({f"{prefix}/{k}": float(v) for k, v in metrics[name].compute().items()})
+    results = {prefix + "loss": float(totals[0] / totals[1].clamp(min=1))}
+    metrics.sync()
+    results.update({k: float(v) for k, v in metrics.compute().items()})
+    if out_dir is not None and is_main_process():
+        metrics.write(out_dir, ctx)
     model.train(was_training)
     return results

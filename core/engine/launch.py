@@ -190,17 +190,16 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
         try:
-            trainer = Trainer(cfg, task_cls, run_dir, dist)
+            trainer = Trainer(cfg, task_cls, run_dir, dist,
+                              resume_from=run_dir / "checkpoints" / "last.pt" if resume else None)
         except TkError:  # e.g. missing data: leave no half-made run dir behind
             if is_main and not resume:
                 _discard_new_run(run_dir, existed)
             raise
         if is_main:
             shutil.rmtree(set_aside_path(run_dir), ignore_errors=True)  # the overwritten run
-        if resume:
-            trainer.resume()
-            if is_main:  # the settings the run continues with (e.g. a longer max_steps)
-                (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        if resume and is_main:  # the settings the run continues with (e.g. a longer max_steps)
+            (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         return trainer.fit()
     finally:
         if dist is not None:

@@ -105,12 +105,23 @@ def param_groups(
     cfg: OptimConfig,
     layer_id_fn: Callable[[str], int] | None = None,
     num_layers: int | None = None,
+    lr_scale: Callable[[str], float] | None = None,
 ) -> list[dict]:
-    """Parameter groups for ``model``: (decay / no decay) x (layer-wise lr scale).
+    """Parameter groups for ``model``: (decay / no decay) x (layer-wise lr scale) x
+    (the caller's own lr scale).
 
-    Each group holds ``params``, ``weight_decay``, ``lr_scale`` (1.0 without layer decay)
-    and ``lr = cfg.lr * lr_scale``. Frozen parameters (``requires_grad=False``) are left
-    out; a parameter shared by several modules appears once.
+    Each group holds ``params``, ``param_names``, ``weight_decay``, ``lr_scale``
+    (1.0 without layer decay or ``lr_scale``) and ``lr = cfg.lr * lr_scale``. Frozen
+    parameters (``requires_grad=False``) are left out; a parameter shared by several
+    modules appears once.
+
+    Args:
+        model: the model.
+        cfg: the ``optim:`` section.
+        layer_id_fn / num_layers: see :func:`build_optimizer`.
+        lr_scale: parameter name -> lr multiplier, e.g. ``lambda n: 0.1 if
+            n.startswith("backbone.") else 1.0`` to fine-tune a pretrained backbone
+            more gently than a new head; combines with ``layer_decay`` by product.
 
     Raises:
         ValueError: no trainable parameters, or ``layer_decay`` without layer ids.
@@ -126,7 +137,9 @@ def param_groups(
         decay = id(p) not in skip
         lid = ids[name] if cfg.layer_decay is not None else 0
         scale = cfg.layer_decay ** (n_layers - lid) if cfg.layer_decay is not None else 1.0
-        key = (decay, lid)
+        extra = float(lr_scale(name)) if lr_scale is not None else 1.0
+        scale *= extra
+        key = (decay, lid, extra)
         if key not in groups:
             groups[key] = {
                 "params": [],
@@ -137,7 +150,7 @@ def param_groups(
             }
         groups[key]["params"].append(p)
         groups[key]["param_names"].append(name)
-    return [groups[k] for k in sorted(groups, key=lambda k: (k[1], not k[0]))]
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[1], k[2], not k[0]))]
 
 
 def build_optimizer(
@@ -145,8 +158,9 @@ def build_optimizer(
     cfg: OptimConfig,
     layer_id_fn: Callable[[str], int] | None = None,
     num_layers: int | None = None,
+    groups: list[dict] | None = None,
 ) -> torch.optim.Optimizer:
-    """The optimiser named by ``cfg`` over :func:`param_groups` of ``model``.
+    """The optimiser named by ``cfg`` over ``groups`` (default: :func:`param_groups` of ``model``).
 
     Group learning rates already include ``lr_scale`` (``lr = cfg.lr * lr_scale``), so a
     scheduler that multiplies each group's initial lr (``tk.core.engine.schedule``) keeps the
@@ -159,6 +173,8 @@ def build_optimizer(
             (0 = embeddings, ``num_layers`` = head, which keeps the full lr); defaults to
             ``model.layer_id``. Only used when ``cfg.layer_decay`` is set.
         num_layers: defaults to ``model.num_layers()``.
+        groups: parameter groups, e.g. from ``Task.param_groups``; each needs ``params``
+            and ``lr`` (and may set ``weight_decay``).
 
     Raises:
         ValueError: a config value out of range (message names the ``optim.*`` key).
@@ -166,7 +182,8 @@ def build_optimizer(
     errors = cfg.check()
     if errors:
         raise ValueError("; ".join(errors))
-    groups = param_groups(model, cfg, layer_id_fn, num_layers)
+    if groups is None:
+        groups = param_groups(model, cfg, layer_id_fn, num_layers)
     if cfg.name == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tk.core.data.loader import LoaderSpec
+from tk.core.engine.assemble import assemble
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
 from tk.core.engine.precision import Precision
 
@@ -147,11 +148,10 @@ def recipe_summary(cfg, task_cls) -> str:
     seed_everything(t.seed)
     device = resolve_device(t.device)
     precision = Precision(t.precision, device)
-    task = task_cls(cfg)
-    task.setup(None)
-    loader = task.build_loader("train", LoaderSpec(batch_size=t.batch_size, seed=t.seed))
-    batch = move_to_device(next(iter(loader)), device)
-    model = task.build_model().to(device).train()
+    built = assemble(cfg, task_cls, None, "summary",
+                     build_data=lambda task: task.build_loader("train", LoaderSpec(batch_size=t.batch_size, seed=t.seed)))
+    task, model = built.task, built.model.to(device).train()
+    batch = move_to_device(next(iter(built.data)), device)
     if t.grad_checkpointing:
         enable_grad_checkpointing(model)
     teacher = task.build_teacher()

@@ -17,6 +17,7 @@ resumed run draws the same batches and random numbers as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import math
 import signal
 import time
@@ -28,6 +29,7 @@ from torch import nn
 
 from tk.core.config import RunConfig, config_diff
 from tk.core.data.loader import LoaderSpec
+from tk.core.engine.assemble import assemble
 from tk.core.engine.batches import BatchStream, FixedBatches
 from tk.core.engine.checkpoint import (
     CheckpointManager,
@@ -41,15 +43,16 @@ from tk.core.engine.checkpoint import (
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
 from tk.core.engine.distributed import all_reduce_sum, main_process_first
 from tk.core.engine.ema import ModelEMA
-from tk.core.engine.evaluate import evaluate_loader
+from tk.core.engine.evaluate import evaluate_loader, metric_keys
 from tk.core.engine.optim import build_optimizer, scale_and_clip_
 from tk.core.engine.precision import Precision
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, train_line, window_record
 from tk.core.engine.schedule import build_scheduler
-from tk.core.engine.signals import TrainingInterrupted, stop_signals
+from tk.core.engine.signals import TrainingFailed, TrainingInterrupted, stop_signals
 from tk.core.engine.summary import ActivationMeter, count_parameters, format_bytes
 from tk.core.errors import TkError
-from tk.core.task import StepOutput, Task
+from tk.core.step import EvalContext, StepOutput
+from tk.core.task import Task
 
 __all__ = ["Trainer"]
 
@@ -65,7 +68,8 @@ class Trainer:
             (None for a single process). Only rank 0 writes.
     """
 
-    def __init__(self, cfg: RunConfig, task_cls: type[Task], run_dir: Path | None, dist=None) -> None:
+    def __init__(self, cfg: RunConfig, task_cls: type[Task], run_dir: Path | None, dist=None,
+                 resume_from: str | Path | None = None) -> None:
         self.cfg, self.tcfg = cfg, cfg.train
         t = self.tcfg
         self.rank = dist.rank if dist else 0
@@ -77,39 +81,50 @@ class Trainer:
         seed_everything(t.seed + self.rank, t.deterministic)
         self.precision = Precision(t.precision, self.device)
 
-        self.task = task_cls(cfg)
-        with main_process_first():  # rank 0 downloads/prepares data; the others then reuse it
-            self.task.setup(str(self.run_dir) if self.run_dir else None)
-            self.train_loader = self._loader("train", training=True)
-        self.val_loader = None  # built on first evaluation
+        state = self._read_checkpoint(resume_from) if resume_from is not None else None
+        built = assemble(cfg, task_cls, self.run_dir, "resume" if state else "train", state=state,
+                         build_data=self._build_loaders, main_first=main_process_first)
+        self.task, self.model = built.task, built.model
+        self.train_loader, self.val_loader = built.data
         self.batches, self.steps_per_epoch = self._batch_stream()
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.best_key = t.best_metric or "val/loss"
+        self.best_mode = t.best_mode if t.best_metric else "min"
+        self._check_best_metric()
 
-        self.model = self._build_model()
+        if t.grad_checkpointing:
+            enable_grad_checkpointing(self.model)
+        self.model.to(self.device)
         self.task.teacher = self._prepare_teacher(self.task.build_teacher())
         self.ddp_model = self._wrap_ddp(self.model)
         self.train_model = torch.compile(self.ddp_model) if t.compile else self.ddp_model
         self.ema = ModelEMA(self.model, t.ema_decay, t.ema_warmup_steps) if t.ema_decay is not None else None
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.optimizer = build_optimizer(self.model, cfg.optim, groups=self.task.param_groups(self.model, cfg.optim))
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, self.total_steps)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=t.keep_last) \
             if self.run_dir is not None and self.is_main else None
-        self.best_key = t.best_metric or "val/loss"
-        self.best_mode = t.best_mode if t.best_metric else "min"
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self._param_names = {id(p): n for n, p in self.model.named_parameters()}
 
         # progress (all of it goes into checkpoints)
         self.step = 0  # optimizer updates done (skipped ones included)
         self.progress = {"best_value": None, "best_step": None, "evals_since_best": 0, "bad_steps": 0,
-                         "skipped_steps": 0}
+                         "skipped_steps": 0, "evaluations": 0}
         self._signal_received = 0  # set by the SIGINT/SIGTERM handler
         self._stop_signal = 0  # the signal every process agreed to stop on
         self._saved_step = -1
         self._activation_bytes: int | None = None
+        self._in_update = False  # a failure inside an update leaves no consistent state to save
+        if state is not None:
+            self._resume(state, resume_from)
 
     # -- set-up helpers --------------------------------------------------------------
-    def _loader(self, split: str, training: bool):
+    def _build_loaders(self, task: Task):
+        """Step 4 of the assembly: every split the run uses, so that a missing or broken
+        val split fails now, not after training."""
+        return self._loader(task, "train", training=True), self._loader(task, "val", training=False)
+
+    def _loader(self, task: Task, split: str, training: bool):
         t = self.tcfg
         spec = LoaderSpec(
             batch_size=t.batch_size if training else (t.eval_batch_size or t.batch_size),
@@ -117,13 +132,25 @@ class Trainer:
             rank=self.rank, world_size=self.world_size, pin_memory=self.device.type == "cuda",
         )
         with preserved_rng():  # building data never shifts the training random numbers
-            loader = self.task.build_loader(split, spec)
+            loader = task.build_loader(split, spec)
         if len(loader) == 0:
             size = len(loader.dataset) if hasattr(loader, "dataset") else "?"
             raise TkError(f"the {split} split yields no batches ({size} samples, batch size "
                           f"{spec.batch_size} x {self.world_size} processes); add data or lower "
                           f"train.{'batch_size' if training else 'eval_batch_size'}")
         return loader
+
+    def _check_best_metric(self) -> None:
+        """``train.best_metric`` must be a key the evaluation returns: checked against the
+        metrics' declared keys before the first step."""
+        keys = metric_keys(self.task, EvalContext("val", kind="periodic"))
+        if self.tcfg.ema_decay is not None:
+            keys += metric_keys(self.task, EvalContext("val", kind="periodic", prefix="val_ema"))
+        if self.best_key not in keys:
+            close = difflib.get_close_matches(self.best_key, keys, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TkError(f"train.best_metric: {self.best_key!r} is not an evaluation result{hint} "
+                          f"(results: {', '.join(keys)})")
 
     def _batch_stream(self):
         t = self.tcfg
@@ -134,12 +161,6 @@ class Trainer:
             raise TkError(f"train.grad_accum ({t.grad_accum}) is larger than the {len(self.train_loader)} "
                           f"batches of one pass over the train split; lower train.grad_accum or train.batch_size")
         return BatchStream(self.train_loader, steps * t.grad_accum, t.seed, self.rank), steps
-
-    def _build_model(self) -> nn.Module:
-        model = self.task.build_model()
-        if self.tcfg.grad_checkpointing:
-            enable_grad_checkpointing(model)
-        return model.to(self.device)
 
     def _prepare_teacher(self, teacher: nn.Module | None) -> nn.Module | None:
         if teacher is None:
@@ -256,8 +277,8 @@ class Trainer:
                 f"the task's loss for NaN/inf.{hint}{log}")
 
     # -- evaluation ------------------------------------------------------------------
-    def evaluate(self, split: str = "val", model: nn.Module | None = None,
-                 prefix: str | None = None) -> dict[str, float]:
+    def evaluate(self, split: str = "val", model: nn.Module | None = None, prefix: str | None = None,
+                 kind: str = "periodic") -> dict[str, float]:
         """Loss and task metrics over one split, merged across processes; the training
         RNG streams are left untouched.
 
@@ -265,26 +286,24 @@ class Trainer:
             split: ``"val"`` or ``"test"``.
             model: the model to evaluate (default: the raw, trained one).
             prefix: result key prefix (default ``split``).
+            kind: ``"periodic"`` or ``"final"`` (given to the task in its ``EvalContext``).
         """
+        ctx = EvalContext(split, self.step, kind, self.progress["evaluations"], prefix or "")
+        out_dir = self.run_dir / "eval" if self.run_dir is not None else None
         with preserved_rng():
-            if split == "val":
-                self.val_loader = self.val_loader or self._loader("val", training=False)
-                loader = self.val_loader
-            else:
-                loader = self._loader(split, training=False)
-            return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision,
-                                   split, prefix)
+            loader = self.val_loader if split == "val" else self._loader(self.task, split, training=False)
+            return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision, ctx,
+                                   out_dir)
 
     def _evaluate_and_track(self) -> tuple[dict[str, float], float]:
         """Evaluate raw (and EMA) weights; update best value and early-stopping count."""
-        results = self.evaluate("val")
+        kind = "final" if self.step == self.total_steps else "periodic"
+        results = self.evaluate("val", kind=kind)
         if self.ema is not None:
-            results.update(self.evaluate("val", self.ema.module, prefix="val_ema"))
-        value = results.get(self.best_key)
-        if value is None:
-            raise TkError(f"train.best_metric: {self.best_key!r} is not among the evaluation results "
-                          f"({', '.join(results)})")
+            results.update(self.evaluate("val", self.ema.module, prefix="val_ema", kind=kind))
+        value = results[self.best_key]  # checked against the declared keys at set-up
         p = self.progress
+        p["evaluations"] += 1
         best = p["best_value"]
         improved = best is None or (value > best if self.best_mode == "max" else value < best)
         if improved:
@@ -319,8 +338,9 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a checkpoint of another model fails with a message
-        naming the mismatching weights and the config settings that differ."""
+        """Restore :meth:`state_dict` (all but the task state, which the assembly restored
+        before set-up); a checkpoint of another model fails with a message naming the
+        mismatching weights and the config settings that differ."""
         diff = config_diff(state.get("config", {}), self.cfg.to_dict())
         try:
             load_model_state(self.model, state["model"])
@@ -337,7 +357,6 @@ class Trainer:
                 self.ema.load_state_dict(state["ema"])
             else:  # EMA switched on at resume: start averaging from the loaded weights
                 self.ema.module.load_state_dict(self.model.state_dict())
-        self.task.load_state_dict(state.get("task_state", {}))
         self.step = state["step"]
         self.progress.update(state["progress"])
         self.batches.load_state_dict(state["data"])
@@ -347,13 +366,14 @@ class Trainer:
                           f"{self.world_size}; random numbers will not match an uninterrupted run")
         restore_rng_state(rng[self.rank % len(rng)])
 
-    def resume(self, path: str | Path | None = None) -> None:
-        """Continue from ``path`` (default: the run dir's ``checkpoints/last.pt``)."""
-        if path is None:
-            path = self.run_dir / "checkpoints" / "last.pt" if self.run_dir else None
-        if path is None or not Path(path).exists():
+    def _read_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        if not Path(path).is_file():
             raise TkError(f"--resume: no checkpoint found at {path}; start a new run with --overwrite")
-        self.load_state_dict(load_checkpoint(path, map_location=self.device))
+        return load_checkpoint(path, map_location=self.device)
+
+    def _resume(self, state: dict[str, Any], path: str | Path) -> None:
+        """Continue from a checkpoint read before the assembly (its task state restored there)."""
+        self.load_state_dict(state)
         self._saved_step = self.step
         if self.checkpoints is not None:  # temp files of a save that a killed process left behind
             for stale in self.checkpoints.directory.glob(".*.tmp"):
@@ -365,10 +385,10 @@ class Trainer:
         """Save the state as the checkpoint of the current step (rank 0 writes; every
         process must call it). ``metric`` competes for ``best.pt``."""
         state = self.state_dict()
+        path = None if self.checkpoints is None else \
+            self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best_mode)
         self._saved_step = self.step
-        if self.checkpoints is None:
-            return None
-        return self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best_mode)
+        return path
 
     # -- the loop --------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -386,6 +406,10 @@ class Trainer:
         try:
             with stop_signals(self._on_signal, rearm=self.world_size == 1):
                 results = self._loop(bar)
+        except (TrainingInterrupted, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            raise TrainingFailed(e, self.step, self._save_after_failure()) from e
         finally:
             if bar is not None:
                 bar.close()
@@ -401,7 +425,9 @@ class Trainer:
         window: list[dict[str, float]] = []
         clock = Throughput()
         while self.step < self.total_steps:
+            self._in_update = True
             window.append(self.train_step())
+            self._in_update = False
             if bar is not None:
                 bar.update()
             if self.step % self.tcfg.log_every == 0 or self.step == self.total_steps:
@@ -409,6 +435,8 @@ class Trainer:
                 window = []
             evaluated, metric = self._eval_due(), None
             paused = time.perf_counter()
+            if evaluated and self.step == self.total_steps:
+                self.save_checkpoint()  # the work is safe even if the final evaluation fails
             if evaluated:
                 results, metric = self._evaluate_and_track()
             if evaluated or (self.tcfg.save_every and self.step % self.tcfg.save_every == 0):
@@ -427,6 +455,20 @@ class Trainer:
                 break
             clock.exclude(time.perf_counter() - paused)  # throughput counts training time only
         return results
+
+    def _save_after_failure(self) -> Path | None:
+        """After an error outside an update (evaluation, logging), save the completed
+        updates if they are not saved yet; return the newest checkpoint. Inside an update
+        (a half-accumulated step) or with several processes (saving is a collective the
+        others may never reach) the last regular checkpoint stands."""
+        if self.checkpoints is None:
+            return None
+        if self.world_size == 1 and not self._in_update and self._saved_step != self.step and self.step > 0:
+            try:
+                return self.save_checkpoint()
+            except Exception:  # noqa: BLE001 - the original error matters more; keep the older checkpoint
+                pass
+        return self.checkpoints.latest()
 
     def _on_signal(self, signum: int) -> None:
         self._signal_received = signum

@@ -9,6 +9,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from PIL import Image
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision import datasets
@@ -57,6 +58,28 @@ class CheckedImageFolder(datasets.ImageFolder):
             raise ValueError(f"on_bad_image {on_bad_image!r} must be 'skip' or 'error'")
         self.on_bad_image = on_bad_image
         self.bad_paths: set[str] = set()
+
+    def verify(self) -> None:
+        """Check every file now (``Image.verify`` reads headers and structure, not pixels):
+        a split read only at evaluation time then fails before training, not after it.
+        Unreadable files raise or are dropped (and counted) as ``on_bad_image`` says."""
+        readable = []
+        for path, label in self.samples:
+            try:
+                with Image.open(path) as image:
+                    image.verify()
+            except Exception as e:  # PIL raises several types (OSError, SyntaxError, ValueError)
+                if self.on_bad_image == "error":
+                    raise TkError(f"cannot read image {path}: {e}. Fix or delete the file, "
+                                  f"or set data.on_bad_image=skip to skip unreadable images") from e
+                self.bad_paths.add(path)
+                log.warning("skipping unreadable image %s (%s)", path, e)
+                continue
+            readable.append((path, label))
+        if not readable:
+            raise TkError(f"no readable image in {self.root}: all {len(self.samples)} files failed to load")
+        self.samples = self.imgs = readable
+        self.targets = [label for _, label in readable]
 
     @property
     def num_bad(self) -> int:
@@ -133,7 +156,10 @@ def build_source_dataset(cfg: Any, split: str, transform: Callable | None) -> Da
     if cfg.source in _CIFAR:
         return build_cifar(cfg.source, root, split == "train", cfg.download, transform)
     if cfg.source == "imagefolder":
-        return build_imagefolder(root, split, transform, cfg.on_bad_image)
+        dataset = build_imagefolder(root, split, transform, cfg.on_bad_image)
+        if split != "train":  # read at evaluation only: check it before training starts
+            dataset.verify()
+        return dataset
     raise TkError(f"data.source {cfg.source!r} must be one of {sorted(MEAN_STD)}")
 
 

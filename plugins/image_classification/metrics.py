@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
-import torch.distributed as dist
 
 from tk.core.metrics import Metric
+from tk.core.step import EvalContext
 
 
 class ConfusionMatrix(Metric):
     """Counts (true class, predicted class) pairs; reports the mean per-class accuracy.
 
-    ``compute`` returns ``{"mean_class_acc": ...}`` (balanced accuracy, over classes seen)
-    and, when ``out_dir`` is set, writes (on rank 0 only) ``{out_dir}/{split}_per_class.tsv``
-    (class, images, correct, accuracy) and ``{out_dir}/{split}_confusion.png``.
+    ``compute`` returns ``{"mean_class_acc": ...}`` (balanced accuracy, over classes seen);
+    ``write`` (called by the engine on rank 0) writes ``{out_dir}/{prefix}_per_class.tsv``
+    (class, images, correct, accuracy) and ``{out_dir}/{prefix}_confusion.png``.
 
     Args:
         class_names: the C class names, in label order.
-        out_dir: where to write the files; None writes nothing.
-        split: prefix of the file names.
     """
 
-    def __init__(self, class_names: Sequence[str], out_dir: str | None = None, split: str = "val") -> None:
+    def __init__(self, class_names: Sequence[str]) -> None:
         super().__init__()
         self.class_names = list(class_names)
-        self.out_dir, self.split = out_dir, split
         C = len(self.class_names)
         self.add_state("matrix", torch.zeros(C, C, dtype=torch.long))  # rows: true, cols: predicted
 
@@ -48,22 +45,21 @@ class ConfusionMatrix(Metric):
         return [(name, n, c, c / n if n else float("nan"))
                 for name, n, c in zip(self.class_names, totals, correct)]
 
+    def keys(self) -> list[str]:
+        return ["mean_class_acc"]
+
     def compute(self) -> dict[str, float]:
-        rows = self.per_class()
-        seen = [acc for _, n, _, acc in rows if n]
-        if self.out_dir and (not dist.is_initialized() or dist.get_rank() == 0):
-            self.write(rows)
+        seen = [acc for _, n, _, acc in self.per_class() if n]
         return {"mean_class_acc": sum(seen) / len(seen) if seen else float("nan")}
 
-    def write(self, rows: list[tuple[str, int, int, float]]) -> None:
+    def write(self, out_dir: Path, ctx: EvalContext) -> None:
         """Write the per-class table and the confusion-matrix PNG into ``out_dir``."""
-        os.makedirs(self.out_dir, exist_ok=True)
-        with open(os.path.join(self.out_dir, f"{self.split}_per_class.tsv"), "w", encoding="utf-8") as f:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / f"{ctx.key_prefix}_per_class.tsv", "w", encoding="utf-8") as f:
             f.write("class\timages\tcorrect\taccuracy\n")
-            for name, n, c, acc in rows:
+            for name, n, c, acc in self.per_class():
                 f.write(f"{name}\t{n}\t{c}\t{acc:.4f}\n")
-        save_confusion_png(self.matrix.cpu(), self.class_names,
-                           os.path.join(self.out_dir, f"{self.split}_confusion.png"))
+        save_confusion_png(self.matrix.cpu(), self.class_names, str(out_dir / f"{ctx.key_prefix}_confusion.png"))
 
 
 def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: str) -> None:

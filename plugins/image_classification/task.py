@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
@@ -12,7 +12,8 @@ from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
 from tk.core.metrics import Accuracy, Metric
-from tk.core.task import StepOutput, Task
+from tk.core.step import EvalContext, StepOutput
+from tk.core.task import Task
 from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_source_dataset, check_not_empty
 from tk.plugins.image_classification.metrics import ConfusionMatrix
 from tk.plugins.image_classification.mixup import MixupConfig, build_mixup, check_mixup, classification_loss
@@ -24,6 +25,7 @@ from tk.plugins.image_classification.transforms import (
     check_auto_augment,
 )
 
+CLASSES_FILE = "classes.json"  # task file: the class names in label order
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
@@ -56,10 +58,9 @@ class ImageClassificationTask(Task):
     ModelConfig: ClassVar[type] = ModelConfig
     extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig}
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: Any, run_dir: Any = None) -> None:
+        super().__init__(cfg, run_dir)
         self.mixup_cfg: MixupConfig = self.sections.get("mixup") or MixupConfig()
-        self.run_dir: str | None = getattr(cfg, "output_dir", None)
         self._class_names: list[str] | None = None
         self._mixup: Any = None
 
@@ -85,10 +86,14 @@ class ImageClassificationTask(Task):
         return problems
 
     # -- state -----------------------------------------------------------------------
-    def setup(self, run_dir: str | None) -> None:
-        if run_dir is not None:
-            self.run_dir = run_dir
-        self.class_names  # resolve now: fails early when the data is missing
+    def setup(self, resume: bool = False) -> None:
+        """Resolve the class list (fails early when the data is missing) and keep it as the
+        task file ``classes.json``; a resumed, evaluated or predicting run reads it back."""
+        if self._class_names is None and self.files.exists(CLASSES_FILE):
+            self._class_names = json.loads(self.files.read_text(CLASSES_FILE))
+        names = self.class_names
+        if not resume and self.run_dir is not None:
+            self.files.write_text(CLASSES_FILE, json.dumps(names, indent=1))
 
     @property
     def class_names(self) -> list[str]:
@@ -161,10 +166,9 @@ class ImageClassificationTask(Task):
         loss = classification_loss(logits, batch["labels"], smoothing)
         return StepOutput(loss=loss, num_items=logits.shape[0], outputs=logits.detach())
 
-    def build_metrics(self, split: str) -> dict[str, Metric]:
+    def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
         topk = (1, 5) if self.num_classes >= 5 else (1,)
-        out_dir = os.path.join(self.run_dir, "eval") if self.run_dir else None
-        return {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names, out_dir, split)}
+        return {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names)}
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()

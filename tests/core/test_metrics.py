@@ -19,11 +19,16 @@ class Extremes(Metric):
         self.add_state("hi", torch.tensor(-math.inf), reduce="max")
         self.add_state("lo", torch.tensor(math.inf), reduce="min")
         self.add_state("preds", torch.zeros(0, dtype=torch.long), reduce="cat")
+        self.add_state("texts", [], reduce="objects")  # (example id, hypothesis string) pairs
+
+    def keys(self):
+        return ["hi", "lo", "preds", "n_preds"]
 
     def update(self, out, batch):
         self.hi = torch.maximum(self.hi, out.outputs.max())
         self.lo = torch.minimum(self.lo, out.outputs.min())
         self.append("preds", out.outputs.argmax(-1))
+        self.extend("texts", [(i, f"pred {p}") for i, p in zip(batch["ids"].tolist(), out.outputs.argmax(-1).tolist())])
 
     def compute(self):
         return {"hi": float(self.hi), "lo": float(self.lo), "preds": float(self.preds.float().sum()),
@@ -45,11 +50,12 @@ def _collection():
     )
 
 
-def _feed(coll, logits, labels, loss, batch_size=2):
+def _feed(coll, logits, labels, loss, batch_size=2, ids=None):
+    ids = torch.arange(len(labels)) if ids is None else ids
     for i in range(0, len(labels), batch_size):
         sl = slice(i, i + batch_size)
         out = StepOutput(loss=loss[sl].sum(), num_items=len(labels[sl]), logs={"nll": 2 * loss[sl].sum()}, outputs=logits[sl])
-        coll.update(out, {"labels": labels[sl]})
+        coll.update(out, {"labels": labels[sl], "ids": ids[sl]})
 
 
 def test_accuracy_by_hand():
@@ -88,21 +94,35 @@ def test_mean_and_collection_prefix():
     assert res["val/nll"] == pytest.approx(2 * loss.mean().item())
     assert res["val/top1"] == (logits.argmax(-1) == labels).float().mean().item()
     assert res["val/hi"] == pytest.approx(logits.max().item()) and res["val/n_preds"] == 8
-    dup = MetricCollection({"a": Mean("x", "loss"), "b": Mean("x", "loss")})
-    with pytest.raises(ValueError, match="both return 'x'"):
-        dup.compute()
+    # two metrics declaring one key: refused when the collection is built (before any data)
+    with pytest.raises(TkError, match=r"metrics 'a' \(Accuracy\) and 'b' \(Accuracy\) both return 'val/top1'"):
+        MetricCollection({"a": Accuracy(), "b": Accuracy(topk=(1, 5))}, prefix="val/")
+    assert coll.keys() == ["val/top1", "val/top3", "val/hi", "val/lo", "val/preds", "val/n_preds", "val/loss",
+                           "val/nll"]
+
+
+def test_undeclared_result_key_is_an_error():
+    class Sneaky(Mean):
+        def compute(self):
+            return {**super().compute(), "extra": 1.0}
+
+    coll = MetricCollection({"s": Sneaky("x", "loss")})
+    with pytest.raises(TkError, match=r"returned \['extra'\] but its keys\(\) declare \['x'\]"):
+        coll.compute()
 
 
 def _worker(rank: int, world: int, init_file: str, queue) -> None:
     torch.distributed.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
     try:
         logits, labels, loss = _data()
-        sl = slice(0, 5) if rank == 0 else slice(5, 8)  # unequal shards: exercises cat padding
+        # interleaved, unequal shards (as ShardSampler deals them): exercises cat padding and
+        # the dataset-order merge of object states
+        idx = torch.tensor([0, 2, 4, 6, 7]) if rank == 0 else torch.tensor([1, 3, 5])
         coll = _collection()
-        _feed(coll, logits[sl], labels[sl], loss[sl])
+        _feed(coll, logits[idx], labels[idx], loss[idx], ids=idx)
         coll.sync()
         coll.sync()  # idempotent
-        queue.put((rank, coll.compute()))
+        queue.put((rank, (coll.compute(), coll.metrics["ext"].texts)))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -119,9 +139,14 @@ def test_sync_two_gloo_processes_equals_single_process(tmp_path):
         p.join(timeout=60)
         assert p.exitcode == 0
     single = _collection()
-    _feed(single, *_data())
+    logits, labels, loss = _data()
+    _feed(single, logits, labels, loss)
     expected = single.compute()
+    in_order = [(i, f"pred {p}") for i, p in enumerate(logits.argmax(-1).tolist())]
+    assert single.metrics["ext"].texts == in_order
     for rank in (0, 1):
-        assert results[rank].keys() == expected.keys()
+        values, texts = results[rank]
+        assert values.keys() == expected.keys()
         for k, v in expected.items():
-            assert results[rank][k] == pytest.approx(v), k
+            assert values[k] == pytest.approx(v), k
+        assert texts == in_order  # both processes hold every example's object, in dataset order

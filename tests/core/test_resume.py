@@ -96,7 +96,8 @@ def test_resume_after_sigkill_is_exact(env):
     run_dir = env["root"] / "killed"
     # a checkpoint after every update; 50 ms per batch leaves time to kill mid-run
     proc = start(env, run_dir, "train.save_every=1", "data.delay=0.05")
-    wait_for(lambda: (run_dir / "checkpoints" / "step_00000010.pt").exists(), proc)
+    # step 11 written: last.pt (replaced right after each step file) holds step 10 or later
+    wait_for(lambda: (run_dir / "checkpoints" / "step_00000011.pt").exists(), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL

@@ -148,10 +148,10 @@ def test_imagefolder_with_a_corrupt_file(tmp_path, caplog):
 
 def test_imagefolder_missing_or_empty(tmp_path):
     with pytest.raises(TkError, match=r"no folder .*nowhere.*train"):
-        make_task(tmp_path, data={"source": "imagefolder", "root": str(tmp_path / "nowhere")}).setup(None)
+        make_task(tmp_path, data={"source": "imagefolder", "root": str(tmp_path / "nowhere")}).setup()
     (tmp_path / "empty" / "train" / "cat").mkdir(parents=True)
     with pytest.raises(TkError, match="no images found"):
-        make_task(tmp_path, data={"source": "imagefolder", "root": str(tmp_path / "empty")}).setup(None)
+        make_task(tmp_path, data={"source": "imagefolder", "root": str(tmp_path / "empty")}).setup()
 
 
 def _write_fake_cifar10(root, rng):
@@ -201,7 +201,7 @@ def test_cifar_missing_and_download_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(tv.CIFAR100, "download", offline)
     task = make_task(tmp_path, data={"source": "cifar100", "root": str(tmp_path / "none")})
     with pytest.raises(TkError, match=r"downloading cifar100 .* failed.*data.source=synthetic"):
-        task.setup(None)
+        task.setup()
 
 
 # -- models, metrics, prediction ---------------------------------------------------------
@@ -218,12 +218,16 @@ def test_timm_model_path_builds(tmp_path):
 def test_confusion_matrix_metric_writes_table_and_png(tmp_path):
     from tk.core.task import StepOutput
 
-    metric = ConfusionMatrix(["a", "b", "c"], str(tmp_path / "eval"), split="val")
+    from tk.core.step import EvalContext
+
+    metric = ConfusionMatrix(["a", "b", "c"])
     logits = torch.tensor([[3.0, 0, 0], [0, 3.0, 0], [3.0, 0, 0], [0, 0, 3.0]])
     metric.update(StepOutput(torch.zeros(()), 4, outputs=logits), {"labels": torch.tensor([0, 1, 1, 2])})
     assert metric.matrix.tolist() == [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     result = metric.compute()
     assert result["mean_class_acc"] == pytest.approx((1 + 0.5 + 1) / 3)
+    assert not (tmp_path / "eval").exists()  # compute writes nothing: the engine calls write on rank 0
+    metric.write(tmp_path / "eval", EvalContext("val"))
     table = (tmp_path / "eval" / "val_per_class.tsv").read_text().splitlines()
     assert table[2] == "b\t2\t1\t0.5000"
     assert (tmp_path / "eval" / "val_confusion.png").read_bytes()[:4] == b"\x89PNG"

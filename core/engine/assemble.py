@@ -1,0 +1,72 @@
+"""One assembly path for every command: the documented order in which a run's task,
+data and model are built.
+
+    1. construct the task with its run dir      Task(cfg, run_dir)
+    2. restore its saved state                  task.load_state_dict(...)   (resume, eval, predict, average)
+    3. set it up                                task.setup(resume=...)      (loads task files instead of recomputing)
+    4. build the data                           loaders, datasets           (train, resume, eval, summary)
+    5. build the model                          task.build_model()
+    6. load pretrained weights                  task.init_pretrained(model) (a fresh training run only)
+
+With several processes, steps 3-4 run on rank 0 first (downloads, tokenizer training,
+task files), then on the other ranks, which find what rank 0 wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Literal, Mapping
+
+from torch import nn
+
+from tk.core.config import RunConfig
+from tk.core.task import Task
+
+__all__ = ["Mode", "AssembledRun", "assemble", "MODES"]
+
+Mode = Literal["train", "resume", "eval", "predict", "summary", "average"]
+MODES = ("train", "resume", "eval", "predict", "summary", "average")
+
+
+@dataclass
+class AssembledRun:
+    """What :func:`assemble` built."""
+
+    task: Task
+    model: nn.Module
+    data: Any = None  # whatever ``build_data`` returned (e.g. the loaders)
+
+
+def assemble(cfg: RunConfig, task_cls: type[Task], run_dir: str | Path | None, mode: Mode, *,
+             state: Mapping[str, Any] | None = None, build_data: Callable[[Task], Any] | None = None,
+             main_first: Callable[[], ContextManager] = contextlib.nullcontext) -> AssembledRun:
+    """Build a run's task, data and model in the one documented order (module docstring).
+
+    Args:
+        cfg: the resolved run config.
+        task_cls: its task class.
+        run_dir: the run directory where it is NOW (None for ``tk summary``).
+        mode: which command builds it: "train" (a fresh run), "resume", "eval",
+            "predict", "summary" or "average".
+        state: a tk checkpoint (its ``task_state`` is restored before ``setup``).
+        build_data: step 4, e.g. ``lambda task: task.build_loader("val", spec)``.
+        main_first: a context manager factory that runs steps 3-4 on rank 0 first
+            (``tk.core.engine.distributed.main_process_first`` when distributed).
+
+    Returns:
+        The task, the model (on the CPU, in training mode) and the data.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} must be one of {MODES}")
+    task = task_cls(cfg, run_dir)
+    if state is not None:
+        task.load_state_dict(state.get("task_state") or {})
+    with main_first():
+        task.setup(resume=mode != "train")
+        data = build_data(task) if build_data is not None else None
+    model = task.build_model()
+    if mode == "train":
+        task.init_pretrained(model)
+    return AssembledRun(task, model, data)
