@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from torch import nn
 
@@ -12,12 +12,13 @@ from tk.core.data.loader import LoaderSpec
 from tk.core.engine.checkpoint import load_checkpoint, load_model_state
 from tk.core.engine.device import resolve_device
 from tk.core.engine.evaluate import evaluate_loader
+from tk.core.engine.predict import predict_batches
 from tk.core.engine.precision import Precision
 from tk.core.errors import TkError
 from tk.core.recipe import load_config
 from tk.core.task import Task
 
-__all__ = ["resolve_checkpoint", "step_checkpoints", "load_run", "evaluate_run"]
+__all__ = ["resolve_checkpoint", "step_checkpoints", "load_run", "evaluate_run", "predict_run"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -112,3 +113,33 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "va
     metrics = evaluate_loader(task, model, loader, device, precision, split)
     return {"run_dir": str(run_dir), "checkpoint": str(path), "step": state.get("step"), "split": split,
             "ema": ema, "metrics": metrics}
+
+
+def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "best", overrides: list[str] = (),
+                batch_size: int = 32, device: str | None = None) -> Iterator[dict[str, Any]]:
+    """``tk predict``: the run's model on raw inputs, one record per input, batch by batch.
+
+    The run is loaded (and its device checked) before the first input is read; prediction
+    options are the task's config keys, set through ``overrides`` (e.g. ``predict.top_k=3``).
+
+    Args:
+        run_dir: a directory written by ``tk run``.
+        inputs: raw inputs (image paths, sentences, prompts); may be a lazy iterator (stdin).
+        checkpoint: ``best``, ``last`` or a checkpoint file.
+        overrides: ``key.sub=value`` applied to the run's saved config.
+        batch_size: inputs per ``Task.predict`` call.
+        device: a device name overriding ``train.device`` (None: the run's own, e.g. ``auto``).
+
+    Returns:
+        An iterator of ``{"input": ..., **prediction}`` or ``{"input": ..., "error": "..."}``
+        records, in input order (see :func:`tk.core.engine.predict.predict_batches`).
+
+    Raises:
+        TkError: see :func:`load_run`; or the device or precision is not available.
+    """
+    overrides = list(overrides) + ([f"train.device={device}"] if device else [])
+    task, model = load_run(run_dir, checkpoint, overrides)
+    target = resolve_device(task.cfg.train.device)
+    precision = Precision(task.cfg.train.precision, target)
+    model.to(target).eval()
+    return predict_batches(task, model, inputs, batch_size, precision.autocast)
