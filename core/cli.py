@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -286,7 +287,7 @@ def predict_cmd(ctx: click.Context, run_dir: str, args: tuple[str, ...], input_f
     overrides, raw_inputs = split_overrides(args, run_sections(run_dir))
     if not raw_inputs and input_file is None:
         raise click.UsageError("no inputs: pass INPUT arguments, `-` for standard input, or --input-file FILE")
-    inputs = read_inputs(raw_inputs, click.get_text_stream("stdin"), input_file)
+    inputs = read_inputs(raw_inputs, sys.stdin, input_file)
     total = failed = 0
     for record in predict_run(run_dir, inputs, checkpoint, overrides, batch_size, device):
         total += 1

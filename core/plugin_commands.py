@@ -48,8 +48,7 @@ class PluginCommands(click.Group):
 def describe_command(entry: PluginEntry, builtin) -> str:
     """One line about a plugin command from its metadata: provider and summary, or the clash."""
     if entry.name in builtin:
-        return (f"ERROR: {entry.provider} declares {entry.name!r}, which clashes with the built-in "
-                f"`tk {entry.name}`; rename it there")
+        return f"ERROR: clashes with the built-in `tk {entry.name}` ({entry.provider}); rename it there"
     if entry.conflicts:
         return f"ERROR: claimed by {entry.claimants}"
     about = entry.summary or f"(run tk {entry.name} --help)"

@@ -135,10 +135,14 @@ def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "b
         records, in input order (see :func:`tk.core.engine.predict.predict_batches`).
 
     Raises:
-        TkError: see :func:`load_run`; or the device or precision is not available.
+        TkError: see :func:`load_run`; the task has no ``predict``; or the device or
+            precision is not available.
     """
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
     task, model = load_run(run_dir, checkpoint, overrides)
+    if type(task).predict is Task.predict:
+        raise TkError(f"task {task.name or type(task).__name__!r} does not support prediction "
+                      f"(its Task class has no predict method); use `tk eval` for metrics")
     target = resolve_device(task.cfg.train.device)
     precision = Precision(task.cfg.train.precision, target)
     model.to(target).eval()
