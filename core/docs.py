@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["KeyDoc", "field_docs", "section_keys", "type_label", "format_default"]
+__all__ = ["KeyDoc", "field_docs", "format_default", "section_keys", "type_label"]
 
 
 @dataclass
@@ -42,7 +42,7 @@ class KeyDoc:
 MISSING_DEFAULT = dataclasses.MISSING
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _own_comments(cls: type) -> dict[str, str]:
     """Trailing ``# comments`` of the fields ``cls`` itself annotates (not inherited ones)."""
     try:
@@ -205,7 +205,8 @@ def format_task_info(info: dict[str, Any], width: int = 44) -> str:
     provider = f"{dist} {info['version']}" if info["version"] else dist
     lines = [f"{info['task']}: {info['description']}", f"  from {provider} ({info['entry_point']})"]
     for name, section in info["sections"].items():
-        lines += ["", f"{name}:  ({section['owner']} section {section['class']}: {section['doc']})"]
+        about = section["doc"].replace("``", "`")
+        lines += ["", f"{name}:  # {section['class']} ({section['owner']} section) {about}".rstrip()]
         if not section["keys"]:
             lines.append("  (no keys)")
         for key in section["keys"]:

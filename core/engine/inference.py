@@ -12,13 +12,13 @@ from tk.core.data.loader import LoaderSpec
 from tk.core.engine.checkpoint import load_checkpoint, load_model_state
 from tk.core.engine.device import resolve_device
 from tk.core.engine.evaluate import evaluate_loader
-from tk.core.engine.predict import predict_batches
 from tk.core.engine.precision import Precision
+from tk.core.engine.predict import predict_batches
 from tk.core.errors import TkError
 from tk.core.recipe import load_config
 from tk.core.task import Task
 
-__all__ = ["resolve_checkpoint", "step_checkpoints", "load_run", "evaluate_run", "predict_run"]
+__all__ = ["evaluate_run", "load_run", "predict_run", "resolve_checkpoint", "step_checkpoints"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 

@@ -23,7 +23,7 @@ from tk.core.errors import TkError
 from tk.core.recipe import read_recipe
 from tk.core.registry import load_task
 
-__all__ = ["INPUT_ERRORS", "read_inputs", "run_sections", "split_overrides", "predict_batches", "format_record"]
+__all__ = ["INPUT_ERRORS", "format_record", "predict_batches", "read_inputs", "run_sections", "split_overrides"]
 
 # Exceptions that mean "this input is unusable" (unreadable file, bad text), not a bug.
 INPUT_ERRORS = (TkError, OSError, ValueError)

@@ -9,8 +9,8 @@ import textwrap
 
 from click.testing import CliRunner
 
-from tk.core.cli import cli
 from tests.core.distributions import write_distribution
+from tk.core.cli import cli
 
 RECORDING_PLUGIN = textwrap.dedent('''
     import os

@@ -9,10 +9,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from tests.core.distributions import write_distribution
 from tk.core.cli import cli
 from tk.core.errors import TkError
 from tk.core.registry import discover_commands, load_command
-from tests.core.distributions import write_distribution
 
 GREET_PLUGIN = textwrap.dedent('''
     import click

@@ -4,10 +4,10 @@ import importlib.metadata as md
 
 import pytest
 
+from tests.core.distributions import write_distribution
 from tk.core.errors import TkError
 from tk.core.registry import COMMANDS_GROUP, available_tasks, discover, discover_commands, load_task
 from tk.core.task import Task
-from tests.core.distributions import write_distribution
 
 
 def ep(name: str, value: str) -> md.EntryPoint:
