@@ -36,6 +36,8 @@ _EXPORTS: dict[str, str] = {
     "OptimConfig": "engine.optim", "build_optimizer": "engine.optim", "ScheduleConfig": "engine.schedule",
     "build_scheduler": "engine.schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
     "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint",
+    # prediction, plugin discovery, config docs
+    "predict_run": "engine.inference", "discover_commands": "registry", "field_docs": "docs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,5 @@
-"""The ``tk`` command line: run, list, config, validate, summary, eval, average, predict.
+"""The ``tk`` command line: run, list, info, config, validate, summary, eval, average, predict
+(plus plugin commands from the ``tk.commands`` entry-point group).
 
 Exit codes: 0 success; 2 usage or config error (one line, nothing on disk touched);
 1 failure during a run (one line; the full traceback with ``--debug``).
@@ -6,8 +7,10 @@ Exit codes: 0 success; 2 usage or config error (one line, nothing on disk touche
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import click
 import tk
 from tk.core.engine.signals import TrainingFailed
 from tk.core.errors import TkError
+from tk.core.plugin_commands import PluginCommands, describe_command
 
 DEBUG_ENV = "TK_DEBUG"
 
@@ -60,7 +64,11 @@ class TkGroup(click.Group):
             ctx.exit(1)
 
 
-@click.group(cls=TkGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class CliGroup(PluginCommands, TkGroup):
+    """tk's root group: built-in commands, plus plugin commands from ``tk.commands``."""
+
+
+@click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(tk.__version__, "--version", prog_name="tk", message="%(prog)s %(version)s")
 @debug_option
 def cli() -> None:
@@ -82,24 +90,36 @@ overrides_argument = click.argument("overrides", nargs=-1)
 @cli.command("list")
 @debug_option
 def list_cmd() -> None:
-    """List installed tasks (with their distributions) and built-in recipes."""
+    """List installed tasks and plugin commands (with their distributions) and built-in recipes.
+
+    Reads package metadata only: no plugin is imported (`tk info NAME` imports one)."""
     from tk.core.recipe import builtin_recipes
-    from tk.core.registry import discover, load_entry
+    from tk.core.registry import discover, discover_commands
 
     click.echo("tasks:")
     entries = discover()
     if not entries:
         click.echo("  (none installed)")
     for name, entry in entries.items():
-        where = f"[{entry.distribution or '?'}]"
-        try:
-            task_cls = load_entry(entry)
-            click.echo(f"  {name:<24} {where:<12} {task_cls.describe()}")
-        except Exception as e:  # a broken plugin must not hide the others
-            click.echo(f"  {name:<24} {where:<12} BROKEN: {e}")
+        click.echo(f"  {name:<24} {'[' + entry.provider + ']':<16} {_task_about(entry)}")
+    commands = discover_commands()
+    if commands:
+        click.echo("commands:")
+        for name, entry in commands.items():
+            click.echo(f"  {name:<24} {describe_command(entry, cli.commands)}")
     click.echo("recipes:")
     for name, path in sorted(builtin_recipes().items()):
         click.echo(f"  {name:<24} {_recipe_summary(path)}")
+
+
+def _task_about(entry) -> str:
+    """A task's line in `tk list`: its distribution's Summary, or where to look."""
+    if entry.conflicts:
+        return f"CONFLICT: claimed by {entry.claimants}"
+    # tk's own Summary describes the toolkit, not its built-in tasks
+    if entry.summary and entry.distribution != "tk":
+        return f"{entry.summary}  (run tk info {entry.name})"
+    return f"(run tk info {entry.name})"
 
 
 def _recipe_summary(path: Path) -> str:
@@ -193,14 +213,17 @@ def summary_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @click.option("--checkpoint", default="best", show_default=True, help="best, last, or a checkpoint path.")
 @click.option("--split", default="val", show_default=True, help="The split to evaluate (val, test).")
 @click.option("--ema", is_flag=True, help="Evaluate the EMA weights (runs with train.ema_decay).")
+@click.option("--weights", default=None, help="A bare .safetensors file to evaluate with the run's config.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @debug_option
-def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: str, ema: bool, as_json: bool) -> None:
+def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: str, ema: bool,
+             weights: str | None, as_json: bool) -> None:
     """Evaluate a run's checkpoint on a split: the task is rebuilt from the run's saved
     config (plus key.sub=value overrides, e.g. train.eval_batch_size=256)."""
     from tk.core.engine.inference import evaluate_run
 
-    report = evaluate_run(run_dir, checkpoint=checkpoint, split=split, overrides=list(overrides), ema=ema)
+    report = evaluate_run(run_dir, checkpoint=checkpoint, split=split, overrides=list(overrides), ema=ema,
+                          weights=weights)
     if as_json:
         click.echo(json.dumps(report))
         return
@@ -214,48 +237,96 @@ def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: s
 @click.option("--last", "last_k", type=click.IntRange(min=1), default=5, show_default=True,
               help="How many of the newest step checkpoints to average.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="The .safetensors file to write.")
+              help="avg.pt: a tk checkpoint (for --checkpoint); avg.safetensors: bare weights (for --weights).")
 @debug_option
 def average_cmd(run_dir: str, last_k: int, output: str) -> None:
     """Average the model weights of a run's last K step checkpoints (the Transformer
-    paper's checkpoint averaging) into a safetensors file."""
-    from tk.core.engine.checkpoint import average_checkpoints, export_safetensors
-    from tk.core.engine.inference import step_checkpoints
+    paper's checkpoint averaging): `tk eval RUN --checkpoint avg.pt` then evaluates them."""
+    from tk.core.engine.inference import average_run
 
-    steps = step_checkpoints(Path(run_dir))
-    if len(steps) < last_k:
-        raise TkError(f"--last {last_k}: {run_dir} holds {len(steps)} step checkpoint(s) "
-                      f"({', '.join(str(s) for s, _ in steps) or 'none'}); lower --last, or train with "
-                      f"train.keep_last>={last_k} and train.save_every=N")
-    chosen = steps[-last_k:]
-    export_safetensors(average_checkpoints([p for _, p in chosen]), output,
-                       metadata={"averaged_steps": ",".join(str(s) for s, _ in chosen)})
-    click.echo(f"averaged steps {', '.join(str(s) for s, _ in chosen)} -> {output}")
+    report = average_run(run_dir, last_k, output)
+    click.echo(f"averaged steps {', '.join(map(str, report['steps']))} -> {report['output']}")
 
 
 @cli.command("predict")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("args", nargs=-1, metavar="[INPUT | section.key=value]...")
+@click.option("--input-file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read inputs from FILE, one per line ('-': standard input).")
 @click.option("--checkpoint", default="best", show_default=True, help="best, last, or a checkpoint path.")
-@click.option("--top-k", default=5, show_default=True, help="How many classes/candidates to show.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of text.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Inputs per forward pass.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:N or auto  [default: the run's train.device]")
+@click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True,
+              help="json: one JSON object per input; text: `input: prediction` lines for people.")
+@click.option("--weights", default=None, help="A bare .safetensors file to predict with the run's config.")
 @debug_option
-def predict_cmd(run_dir: str, inputs: tuple[str, ...], checkpoint: str, top_k: int, as_json: bool) -> None:
-    """Predict with a trained run on raw inputs (image paths, sentences, prompts)."""
-    from tk.core.engine.inference import load_run
+@click.pass_context
+def predict_cmd(ctx: click.Context, run_dir: str, args: tuple[str, ...], input_file, checkpoint: str,
+                batch_size: int, device: str | None, fmt: str, weights: str | None) -> None:
+    """Predict with a trained run on raw inputs (image paths, sentences, prompts).
 
-    task, model = load_run(run_dir, checkpoint)
-    for item, pred in zip(inputs, task.predict(model, list(inputs), top_k=top_k)):
-        if as_json:
-            click.echo(json.dumps({"input": item, **pred}))
-        else:
-            click.echo(f"{item}: " + _format_prediction(pred))
+    \b
+    Inputs: the arguments; `-` reads standard input (one input per line); --input-file FILE.
+    Overrides: an argument `section.key=value` naming one of the run's config sections is
+    an override, not an input (e.g. predict.top_k=3, train.precision=bf16); the task's
+    options are such config keys (`tk info TASK` lists them).
+    \b
+    tk predict runs/quickstart cat.png dog.png predict.top_k=3
+    find imgs -name '*.png' | tk predict runs/quickstart - --format text
+
+    Prints one line per input, as each batch finishes. An input that fails gets an
+    "error" field (the others are still predicted) and the command then exits with 1.
+    """
+    from tk.core.engine.inference import predict_run
+    from tk.core.engine.predict import format_record, read_inputs, run_sections, split_overrides
+
+    overrides, raw_inputs = split_overrides(args, run_sections(run_dir))
+    if not raw_inputs and input_file is None:
+        raise click.UsageError("no inputs: pass INPUT arguments, `-` for standard input, or --input-file FILE")
+    inputs = read_inputs(raw_inputs, sys.stdin, input_file)
+    total = failed = 0
+    for record in predict_run(run_dir, inputs, checkpoint, overrides, batch_size, device, weights):
+        total += 1
+        failed += "error" in record
+        click.echo(format_record(record, fmt))
+    if failed:
+        click.echo(f"error: {failed} of {total} inputs failed (see their error fields)", err=True)
+        ctx.exit(1)
 
 
-def _format_prediction(pred: dict) -> str:
-    if "top_k" in pred:
-        return ", ".join(f"{c['label']} {c['prob']:.3f}" for c in pred["top_k"])
-    return json.dumps(pred)
+@cli.command("info")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
+@debug_option
+def info_cmd(name: str, as_json: bool) -> None:
+    """Describe a task: every config key of its sections and of core's (optim, schedule,
+    train) with type, default and doc; or where a plugin command comes from.
+    Imports that one plugin (a broken one fails here with its error)."""
+    from tk.core.config import core_schema
+    from tk.core.docs import format_task_info, task_info
+    from tk.core.registry import discover, discover_commands, load_command, load_entry, load_task
+
+    tasks, commands = discover(), discover_commands()
+    if name in tasks or ":" in name:
+        entry = tasks.get(name)
+        task_cls = load_entry(entry) if entry else load_task(name)
+        info = task_info(task_cls, core_schema(), entry)
+        click.echo(json.dumps(info) if as_json else format_task_info(info))
+        return
+    if name in commands:
+        entry = commands[name]
+        command = load_command(entry, builtin=cli.commands)
+        info = {"command": name, "entry_point": entry.value, "distribution": entry.distribution,
+                "version": entry.version, "help": command.get_short_help_str(200)}
+        click.echo(json.dumps(info) if as_json else
+                   f"tk {name}: {info['help']}\n  from {entry.provider} ({entry.value})")
+        return
+    known = [*tasks, *commands]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise TkError(f"unknown task or plugin command {name!r}{hint} (installed: {', '.join(known) or 'none'}; "
+                  f"run `tk list`)")
 
 
 def main() -> None:

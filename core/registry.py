@@ -1,9 +1,10 @@
-"""Task discovery through the ``tk.tasks`` entry-point group.
+"""Plugin discovery through entry points: tasks (``tk.tasks``) and CLI commands (``tk.commands``).
 
 Built-in tasks register in ``setup.py`` exactly as third-party ones do in theirs
-(as flake8 does with its own checkers). Discovery reads only package metadata;
-``load_task`` imports exactly one plugin. A recipe may also name an uninstalled
-local plugin as ``task: package.module:ClassName``.
+(as flake8 does with its own checkers). Discovery reads only package metadata
+(names, targets, the providing distribution's name, version and summary);
+``load_task`` / ``load_command`` import exactly one plugin. A recipe may also name
+an uninstalled local plugin as ``task: package.module:ClassName``.
 """
 
 from __future__ import annotations
@@ -14,47 +15,67 @@ import importlib.metadata as md
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import click
+
 from tk.core.errors import TkError
 
 GROUP = "tk.tasks"
+COMMANDS_GROUP = "tk.commands"
 
 
 @dataclass
-class TaskEntry:
-    """One task name as seen in the metadata: where it points and who provides it."""
+class PluginEntry:
+    """One entry-point name as seen in the metadata: where it points and who provides it."""
 
     name: str
-    value: str  # "package.module:ClassName"
+    value: str  # "package.module:object"
     distribution: str | None  # providing distribution (None for hand-built entry points)
     entry_point: md.EntryPoint
     conflicts: list[tuple[str | None, str]] = field(default_factory=list)  # other (dist, value) claims
+    version: str | None = None  # the distribution's version
+    summary: str | None = None  # the distribution's one-line ``Summary`` metadata
 
     @property
     def claimants(self) -> str:
         claims = [(self.distribution, self.value)] + self.conflicts
         return " and ".join(f"distribution {d or '?'!r} ({v})" for d, v in claims)
 
+    @property
+    def provider(self) -> str:
+        """``"tk-toy 0.1"``: the distribution and its version, for listings."""
+        if self.distribution is None:
+            return "?"
+        return f"{self.distribution} {self.version}" if self.version else self.distribution
 
-def _dist_name(ep: md.EntryPoint) -> str | None:
+
+TaskEntry = PluginEntry  # the name this class had when only tasks were discovered
+
+
+def _dist_metadata(ep: md.EntryPoint) -> tuple[str | None, str | None, str | None]:
+    """(name, version, summary) of the distribution providing ``ep``; reads metadata only."""
     dist = getattr(ep, "dist", None)
-    return dist.metadata["Name"] if dist is not None else None
+    if dist is None:
+        return None, None, None
+    meta = dist.metadata
+    summary = (meta.get("Summary") or "").strip()
+    return meta["Name"], dist.version, summary if summary and summary != "UNKNOWN" else None
 
 
-def discover(entry_points: Iterable[md.EntryPoint] | None = None) -> dict[str, TaskEntry]:
-    """All task entry points, by name. Nothing is imported.
+def discover(entry_points: Iterable[md.EntryPoint] | None = None, group: str = GROUP) -> dict[str, PluginEntry]:
+    """All entry points of ``group``, by name, sorted. Nothing is imported.
 
     The same entry point seen twice (an editable install can expose a distribution
     twice) counts once; two *different* targets claiming one name are recorded as a
-    conflict on the entry, reported when that task is loaded or listed.
+    conflict on the entry, reported when that plugin is loaded or listed.
     """
     if entry_points is None:
-        entry_points = md.entry_points(group=GROUP)
-    found: dict[str, TaskEntry] = {}
+        entry_points = md.entry_points(group=group)
+    found: dict[str, PluginEntry] = {}
     for ep in entry_points:
-        dist = _dist_name(ep)
+        dist, version, summary = _dist_metadata(ep)
         entry = found.get(ep.name)
         if entry is None:
-            found[ep.name] = TaskEntry(ep.name, ep.value, dist, ep)
+            found[ep.name] = PluginEntry(ep.name, ep.value, dist, ep, version=version, summary=summary)
         elif ep.value != entry.value and (dist, ep.value) not in entry.conflicts:
             entry.conflicts.append((dist, ep.value))
     return dict(sorted(found.items()))
@@ -65,34 +86,66 @@ def available_tasks(entry_points: Iterable[md.EntryPoint] | None = None) -> list
     return list(discover(entry_points))
 
 
+def discover_commands(entry_points: Iterable[md.EntryPoint] | None = None) -> dict[str, PluginEntry]:
+    """The plugin commands of the ``tk.commands`` group, by name (metadata only)."""
+    return discover(entry_points, COMMANDS_GROUP)
+
+
 def _check_task_class(obj: object, origin: str) -> type:
-    from tk.core.task import Task
+    from tk.core.task import Task  # lazy: tk.core.task imports torch, which `tk list` must not need
 
     if not (isinstance(obj, type) and issubclass(obj, Task)):
         raise TypeError(f"{origin} points to {obj!r}, which is not a subclass of tk.core.task.Task")
     return obj
 
 
-def _import_object(value: str, origin: str) -> object:
+def _import_object(value: str) -> object:
     module_name, _, attr = value.partition(":")
-    module = importlib.import_module(module_name)
-    obj = module
+    obj = importlib.import_module(module_name)
     for part in attr.split(".") if attr else []:
         obj = getattr(obj, part)
     return obj
 
 
-def load_entry(entry: TaskEntry) -> type:
-    """Import one discovered task, with errors that name the distribution."""
-    origin = f"task {entry.name!r} (entry point {entry.value!r} of {entry.distribution or 'an unknown distribution'})"
+def _import_entry(entry: PluginEntry, kind: str) -> tuple[object, str]:
+    """Import one entry's target; conflicts and import failures become TkError."""
+    origin = (f"{kind} {entry.name!r} (entry point {entry.value!r} of "
+              f"{entry.distribution or 'an unknown distribution'})")
     if entry.conflicts:
-        raise TkError(f"task name {entry.name!r} is claimed by {entry.claimants}; "
+        raise TkError(f"{kind} name {entry.name!r} is claimed by {entry.claimants}; "
                       f"uninstall or rename one of them")
     try:
-        obj = _import_object(entry.value, origin)
+        return _import_object(entry.value), origin
     except Exception as e:  # any import-time failure of third-party code
         raise TkError(f"{origin} failed to import: {type(e).__name__}: {e}") from e
+
+
+def load_entry(entry: PluginEntry) -> type:
+    """Import one discovered task, with errors that name the distribution."""
+    obj, origin = _import_entry(entry, "task")
     return _check_task_class(obj, origin)
+
+
+def load_command(entry: PluginEntry, builtin: Iterable[str] = ()) -> click.Command:
+    """Import one discovered plugin command.
+
+    Args:
+        entry: a ``tk.commands`` entry (``name = package.module:command_object``).
+        builtin: names of tk's own commands, which a plugin may not take.
+
+    Raises:
+        TkError: the name clashes with a built-in command or another plugin, the import
+            fails, or the object is not a click command; each names the distribution.
+    """
+    if entry.name in set(builtin):
+        raise TkError(f"command {entry.name!r} of distribution {entry.distribution or '?'!r} ({entry.value}) "
+                      f"clashes with the built-in `tk {entry.name}`; rename it in that distribution's "
+                      f"[{COMMANDS_GROUP}] entry points or uninstall it")
+    obj, origin = _import_entry(entry, "command")
+    if not isinstance(obj, click.Command):
+        raise TkError(f"{origin} points to {obj!r}, which is not a click command "
+                      f"(decorate it with @click.command())")
+    return obj
 
 
 def load_task(name: str, entry_points: Iterable[md.EntryPoint] | None = None) -> type:
@@ -109,7 +162,7 @@ def load_task(name: str, entry_points: Iterable[md.EntryPoint] | None = None) ->
     if ":" in name:
         origin = f"task {name!r}"
         try:
-            obj = _import_object(name, origin)
+            obj = _import_object(name)
         except ModuleNotFoundError as e:
             raise TkError(f"{origin}: cannot import module {e.name!r}; is it on PYTHONPATH "
                           f"(run tk from the folder that holds it)?") from e

@@ -160,8 +160,16 @@ class Task:
         return {}
 
     # -- inference ---------------------------------------------------------------
-    def predict(self, model: nn.Module, inputs: Sequence[str], **options: Any) -> list[dict[str, Any]]:
-        """Optional: predictions for raw inputs (file paths, sentences, prompts)."""
+    def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
+        """Optional: one JSON-ready dict per raw input (file path, sentence, prompt), in order.
+
+        ``tk predict`` calls it on batches of ``--batch-size`` inputs, the model in eval mode
+        on its device, under ``torch.no_grad`` and the run's autocast. Options (top-k, beam
+        size) are config keys of the task's sections, read from ``self.sections`` and set on
+        the command line as ``section.key=value``. An unusable input gets
+        ``{"error": "<input>: <problem>"}``; raising ``TkError``/``OSError``/``ValueError``
+        instead makes the engine retry the batch one input at a time.
+        """
         raise NotImplementedError(f"task {self.name!r} does not support prediction")
 
     @classmethod

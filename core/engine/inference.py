@@ -5,23 +5,30 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from safetensors.torch import load_file
 from torch import nn
 
 from tk.core.data.loader import LoaderSpec
 from tk.core.engine.assemble import assemble
-from tk.core.engine.checkpoint import load_checkpoint, load_model_state
+from tk.core.engine.checkpoint import (
+    average_checkpoints,
+    export_safetensors,
+    load_checkpoint,
+    load_model_state,
+    save_checkpoint,
+)
 from tk.core.engine.device import resolve_device
 from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.precision import Precision
+from tk.core.engine.predict import predict_batches
 from tk.core.errors import TkError
 from tk.core.recipe import load_config
 from tk.core.step import EvalContext
 from tk.core.task import Task
 
-__all__ = ["resolve_checkpoint", "step_checkpoints", "load_run", "evaluate_run"]
+__all__ = ["average_run", "evaluate_run", "load_run", "predict_run", "resolve_checkpoint", "step_checkpoints"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -66,11 +73,15 @@ class _SavedRun:
     weights: Mapping[str, Any]
 
 
-def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool, weights: str | None) -> _SavedRun:
+def _config(run_dir: Path, overrides: list[str]) -> tuple[Any, type[Task]]:
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise TkError(f"{run_dir} is not a tk run dir (no config.yaml); pass the output_dir of a `tk run`")
-    cfg, task_cls = load_config(str(config_path), list(overrides))
+    return load_config(str(config_path), list(overrides))
+
+
+def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool, weights: str | None) -> _SavedRun:
+    cfg, task_cls = _config(run_dir, overrides)
     if weights is not None:  # bare weights + the run's config; task state from its newest checkpoint
         source = Path(weights).expanduser()
         if not source.is_file():
@@ -139,3 +150,80 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "va
     metrics = evaluate_loader(task, model.to(device), loader, device, precision, ctx, run_dir / "eval")
     return {"run_dir": str(run_dir), "checkpoint": str(saved.source), "step": saved.state.get("step"),
             "split": split, "ema": ema, "metrics": metrics}
+
+
+def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "best", overrides: list[str] = (),
+                batch_size: int = 32, device: str | None = None,
+                weights: str | None = None) -> Iterator[dict[str, Any]]:
+    """``tk predict``: the run's model on raw inputs, one record per input, batch by batch.
+
+    The run is loaded (and its device checked) before the first input is read; prediction
+    options are the task's config keys, set through ``overrides`` (e.g. ``predict.top_k=3``).
+
+    Args:
+        run_dir: a directory written by ``tk run``.
+        inputs: raw inputs (image paths, sentences, prompts); may be a lazy iterator (stdin).
+        checkpoint: ``best``, ``last`` or a checkpoint file.
+        overrides: ``key.sub=value`` applied to the run's saved config.
+        batch_size: inputs per ``Task.predict`` call.
+        device: a device name overriding ``train.device`` (None: the run's own, e.g. ``auto``).
+        weights: a bare ``.safetensors`` file to load instead of the checkpoint's weights.
+
+    Returns:
+        An iterator of ``{"input": ..., **prediction}`` or ``{"input": ..., "error": "..."}``
+        records, in input order (see :func:`tk.core.engine.predict.predict_batches`).
+
+    Raises:
+        TkError: see :func:`load_run`; the task has no ``predict``; or the device or
+            precision is not available.
+    """
+    overrides = list(overrides) + ([f"train.device={device}"] if device else [])
+    task, model = load_run(run_dir, checkpoint, overrides, weights=weights)
+    if type(task).predict is Task.predict:
+        raise TkError(f"task {task.name or type(task).__name__!r} does not support prediction "
+                      f"(its Task class has no predict method); use `tk eval` for metrics")
+    target = resolve_device(task.cfg.train.device)
+    precision = Precision(task.cfg.train.precision, target)
+    model.to(target).eval()
+    return predict_batches(task, model, inputs, batch_size, precision.autocast)
+
+
+def average_run(run_dir: str | Path, last_k: int, output: str | Path) -> dict[str, Any]:
+    """``tk average``: average the weights of a run's last ``last_k`` step checkpoints (the
+    Transformer paper's checkpoint averaging) and write them to ``output``.
+
+    The run is assembled (mode "average") with the newest checkpoint's task state and the
+    averaged weights must load into its model, so the result is known to work. A ``.pt``
+    output is a tk checkpoint (weights, task state, config, step range) that
+    ``tk eval --checkpoint`` and ``tk predict --checkpoint`` accept; a ``.safetensors``
+    output holds the bare weights (``--weights``), with the run's task files copied next
+    to it.
+
+    Returns:
+        ``{"output", "steps"}``.
+
+    Raises:
+        TkError: too few step checkpoints, checkpoints of different models, or an output
+            name that is neither ``.pt`` nor ``.safetensors``.
+    """
+    run_dir, output = Path(run_dir), Path(output)
+    if output.suffix not in (".pt", ".safetensors"):
+        raise TkError(f"-o {output}: name a .pt file (a tk checkpoint for --checkpoint) or a .safetensors file "
+                      f"(bare weights for --weights)")
+    steps = step_checkpoints(run_dir)
+    if len(steps) < last_k:
+        raise TkError(f"--last {last_k}: {run_dir} holds {len(steps)} step checkpoint(s) "
+                      f"({', '.join(str(s) for s, _ in steps) or 'none'}); lower --last, or train with "
+                      f"train.keep_last>={last_k} and train.save_every=N")
+    chosen = steps[-last_k:]
+    averaged = average_checkpoints([p for _, p in chosen])
+    newest = load_checkpoint(chosen[-1][1])
+    task, _, _ = _assemble_saved(run_dir, _SavedRun(*_config(run_dir, []), chosen[-1][1], newest, averaged), "average")
+    step_range = [s for s, _ in chosen]
+    if output.suffix == ".pt":
+        save_checkpoint(output, {"model": averaged, "task_state": task.state_dict(), "config": newest.get("config"),
+                                 "task": newest.get("task"), "step": step_range[-1], "averaged_steps": step_range})
+    else:
+        export_safetensors(averaged, output, metadata={"averaged_steps": ",".join(map(str, step_range))})
+        task.files.copy_to(output.parent)
+    return {"output": str(output), "steps": step_range}

@@ -18,6 +18,7 @@ from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_so
 from tk.plugins.image_classification.metrics import ConfusionMatrix
 from tk.plugins.image_classification.mixup import MixupConfig, build_mixup, check_mixup, classification_loss
 from tk.plugins.image_classification.model import ModelConfig, build_classifier, check_model
+from tk.plugins.image_classification.predict import PredictConfig
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
     build_eval_transform,
@@ -56,7 +57,7 @@ class ImageClassificationTask(Task):
     name: ClassVar[str] = "image_classification"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
-    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig}
+    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "predict": PredictConfig}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
@@ -172,39 +173,40 @@ class ImageClassificationTask(Task):
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()
-    def predict(self, model: nn.Module, inputs: Sequence[str], top_k: int = 5, **options: Any) -> list[dict[str, Any]]:
-        """Top-k classes of image files.
+    def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
+        """Top-k classes of image files; k is ``predict.top_k``.
 
         Args:
-            model: the trained classifier.
+            model: the trained classifier (on its device).
             inputs: image file paths.
-            top_k: classes returned per image (capped at the number of classes).
 
         Returns:
-            One dict per input: ``{"input": path, "top_k": [{"label": name, "prob": p}, ...]}``,
-            most likely first.
-
-        Raises:
-            TkError: an input cannot be read as an image.
+            One dict per input, in order: ``{"input": path, "top_k": [{"label": name, "prob": p}, ...]}``,
+            most likely first; ``{"input": path, "error": "cannot read image PATH: ..."}`` for a file
+            that cannot be read as an image (the model runs on the others).
         """
         from PIL import Image
 
+        top_k = (self.sections.get("predict") or PredictConfig()).top_k
         transform = self._transform(training=False)
+        results: list[dict[str, Any]] = []
         images = []
         for path in inputs:
             try:
                 with Image.open(path) as img:
                     images.append(transform(img.convert("RGB")))
+                results.append({"input": path})
             except (OSError, ValueError) as e:
-                raise TkError(f"cannot read image {path}: {e}") from e
+                results.append({"input": path, "error": f"cannot read image {path}: {e}"})
         if not images:
-            return []
+            return results
         device = next(model.parameters()).device
         model.eval()
         probs = model(torch.stack(images).to(device)).float().softmax(-1)  # (B, C)
         values, indices = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-        return [
-            {"input": path, "top_k": [{"label": self.class_names[i], "prob": p}
-                                      for i, p in zip(idx.tolist(), val.tolist())]}
-            for path, idx, val in zip(inputs, indices, values)
-        ]
+        good = iter(zip(indices.tolist(), values.tolist()))
+        for result in results:
+            if "error" not in result:
+                idx, val = next(good)
+                result["top_k"] = [{"label": self.class_names[i], "prob": p} for i, p in zip(idx, val)]
+        return results

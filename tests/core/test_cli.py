@@ -70,11 +70,13 @@ def test_console_script_in_subprocess(toy_site, toy_recipe, tmp_path):
 def test_list_shows_tasks_distributions_broken_plugins_and_recipes(toy_site):
     make_distribution(toy_site, "tk-broken", "tk_broken_plugin", "raise ImportError('boom: missing dep')\n",
                       {"broken": "tk_broken_plugin:Task"})
-    result = invoke("list")
+    result = invoke("list")  # metadata only: the broken plugin is listed, not imported
     assert result.exit_code == 0
     lines = result.output.splitlines()
-    assert any("toy" in line and "[tk-toy]" in line and "Gaussian-blob" in line for line in lines)
-    assert any("broken" in line and "BROKEN" in line and "boom: missing dep" in line for line in lines)
+    assert any("toy" in line and "[tk-toy 0.1]" in line and "(run tk info toy)" in line for line in lines)
+    assert any("broken" in line and "[tk-broken 0.1]" in line for line in lines)
+    info = invoke("info", "broken")
+    assert info.exit_code == 2 and "failed to import: ImportError: boom: missing dep" in info.stderr
     assert any("image_classification" in line for line in lines)
     assert "recipes:" in result.output and "quickstart" in result.output
 

@@ -1,5 +1,6 @@
 """The engine's commands: `tk summary`, `tk eval`, `tk average`, the run's CSV metrics and
-progress bar, and clean refusals (fp16 on CPU, bad config before a multi-process launch)."""
+progress bar, and clean refusals (fp16 on CPU, bad config before a multi-process launch,
+`tk predict` for a task without prediction)."""
 
 import csv
 import json
@@ -106,3 +107,10 @@ def test_multi_process_launch_checks_config_and_run_dir_first(toy_site, toy_reci
     (tmp_path / "busy" / "notes.txt").write_text("keep")
     busy = invoke("run", toy_recipe, "--nproc-per-node", "2", f"output_dir={tmp_path / 'busy'}")
     assert busy.exit_code == 2 and "is not empty" in busy.stderr
+
+
+def test_predict_on_a_task_without_predict_is_a_clean_error(trained):
+    result = invoke("predict", trained, "some input", "train.device=cpu")
+    assert result.exit_code == 2
+    assert result.stderr == ("error: task 'toy' does not support prediction (its Task class has no predict "
+                             "method); use `tk eval` for metrics\n")

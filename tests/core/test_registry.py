@@ -4,8 +4,9 @@ import importlib.metadata as md
 
 import pytest
 
+from tests.core.distributions import write_distribution
 from tk.core.errors import TkError
-from tk.core.registry import available_tasks, discover, load_task
+from tk.core.registry import COMMANDS_GROUP, available_tasks, discover, discover_commands, load_task
 from tk.core.task import Task
 
 
@@ -65,3 +66,15 @@ def test_real_discovery_through_dist_info(toy_site):
 
 def test_builtin_tasks_registered():
     assert "image_classification" in available_tasks()
+
+
+def test_distribution_version_and_summary_come_from_metadata(tmp_path, monkeypatch):
+    write_distribution(tmp_path, "tk-meta-demo", "tk_meta_demo", "raise ImportError('never imported')\n",
+                       {"tk.tasks": {"demo": "tk_meta_demo:Task"}, COMMANDS_GROUP: {"demo-cmd": "tk_meta_demo:cli"}},
+                       summary="A demo plugin")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = discover()["demo"]
+    assert (entry.distribution, entry.version, entry.summary) == ("tk-meta-demo", "0.1", "A demo plugin")
+    assert entry.provider == "tk-meta-demo 0.1"
+    assert "demo-cmd" not in discover() and list(discover_commands()) == ["demo-cmd"]  # groups stay apart
+    assert discover([ep("hand", "x:y")])["hand"].provider == "?"

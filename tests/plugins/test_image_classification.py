@@ -243,11 +243,11 @@ def test_predict_and_class_names_round_trip(tmp_path):
         img.save(tmp_path / f"img{i}.png")
         paths.append(str(tmp_path / f"img{i}.png"))
     state = task.state_dict()
-    restored = make_task(tmp_path, data={"num_train": 8})
+    restored = make_task(tmp_path, data={"num_train": 8}, predict={"top_k": 3})
     restored.load_state_dict({"class_names": [f"c{i}" for i in range(10)]})
     assert restored.class_names[0] == "c0"
     restored.load_state_dict(state)
-    preds = restored.predict(model, paths, top_k=3)
+    preds = restored.predict(model, paths)
     assert [p["input"] for p in preds] == paths
     top = preds[0]["top_k"]
     assert len(top) == 3 and all(t["label"] in task.class_names for t in top)
@@ -255,8 +255,10 @@ def test_predict_and_class_names_round_trip(tmp_path):
     with torch.no_grad():
         probs = model(task.collate([task._transform(False)(Image.open(paths[0]).convert("RGB"))])).softmax(-1)
     assert top[0]["prob"] == pytest.approx(probs.max().item(), abs=1e-6)
-    with pytest.raises(TkError, match="cannot read image"):
-        restored.predict(model, [str(tmp_path / "missing.png")])
+    missing = str(tmp_path / "missing.png")
+    [bad, good] = restored.predict(model, [missing, paths[0]])  # a bad file costs only its own result
+    assert bad["input"] == missing and bad["error"].startswith(f"cannot read image {missing}: ")
+    assert good["top_k"] == top
 
 
 @pytest.mark.slow
@@ -277,8 +279,8 @@ def test_quickstart_learns(tmp_path):
     assert top1 > 0.3, f"quickstart top-1 {top1:.3f} is not well above chance (0.1)"
     assert (run_dir / "eval" / "val_confusion.png").is_file()
 
-    task, model = load_run(run_dir, "last")
+    task, model = load_run(run_dir, "last", ["predict.top_k=2"])
     img, label = SyntheticShapes(1, split="test", seed=3)[0]
     img.save(tmp_path / "shape.png")
-    [pred] = task.predict(model, [str(tmp_path / "shape.png")], top_k=2)
+    [pred] = task.predict(model, [str(tmp_path / "shape.png")])
     assert task.class_names == list(SyntheticShapes.classes) and len(pred["top_k"]) == 2
