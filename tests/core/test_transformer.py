@@ -10,6 +10,7 @@ from torch import nn
 
 from tests.core.test_blocks import _randomise_norms, copy_decoder_layer, copy_encoder_layer, copy_linear_norm
 from tk.core.nn.config import TransformerConfig
+from tk.core.engine.optim import OptimConfig, build_optimizer
 from tk.core.nn.masks import causal_mask
 from tk.core.nn.pos_embed import sinusoidal_table
 from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder, TransformerDecoder, TransformerEncoder
@@ -216,3 +217,21 @@ def test_seq2seq_backward_finite():
     logits.logsumexp(-1).sum().backward()
     assert torch.isfinite(logits).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_layer_ids_for_layer_decay():
+    lm = DecoderOnlyLM(lm_cfg(depth=3), 17)
+    assert lm.num_layers() == 4
+    opt = build_optimizer(lm, OptimConfig(lr=1.0, layer_decay=0.5))
+    lr = {name: g["lr"] for g in opt.param_groups for name in g["param_names"]}
+    assert lr["tok_embed.weight"] == lr["pos.weight"] == 0.5**4  # embeddings: id 0
+    for i in range(3):  # layer i: id i + 1
+        assert lr[f"decoder.layers.{i}.self_attn.qkv.weight"] == 0.5 ** (4 - (i + 1))
+    assert lr["decoder.norm.weight"] == 1.0  # final norm (and the tied head): id 4
+    seq2seq = small_seq2seq(encoder_depth=2, decoder_depth=3, norm_first=True, tie_embeddings=False)
+    ids = {name: seq2seq.layer_id(name) for name, _ in seq2seq.named_parameters()}
+    assert seq2seq.num_layers() == 6
+    assert ids["src_embed.weight"] == ids["tgt_embed.weight"] == 0
+    assert ids["encoder.layers.1.mlp.fc1.weight"] == 2 and ids["encoder.norm.weight"] == 3
+    assert ids["decoder.layers.0.cross_attn.q_proj.weight"] == 3 and ids["decoder.layers.2.norm3.bias"] == 5
+    assert ids["decoder.norm.weight"] == ids["lm_head.weight"] == 6
