@@ -36,6 +36,25 @@ class GenerationConfig:
     eos_id: int | None = None  # token that ends a sequence; None = always generate max_len tokens
     pad_id: int | None = None  # fills positions after EOS and pads LM prompts; None = model.pad_id
 
+    def check(self, prefix: str = "generate") -> list[str]:
+        """Range checks, one line per broken rule, keys named as ``{prefix}.field``."""
+        problems = []
+        if self.strategy not in STRATEGIES:
+            problems.append(f"{prefix}.strategy ({self.strategy!r}) must be one of {STRATEGIES}")
+        if self.max_len < 1:
+            problems.append(f"{prefix}.max_len ({self.max_len}) must be >= 1")
+        if not 0 <= self.min_len <= self.max_len:
+            problems.append(f"{prefix}.min_len ({self.min_len}) must be in [0, max_len ({self.max_len})]")
+        if self.beam_size < 1:
+            problems.append(f"{prefix}.beam_size ({self.beam_size}) must be >= 1")
+        if self.temperature < 0:
+            problems.append(f"{prefix}.temperature ({self.temperature}) must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            problems.append(f"{prefix}.top_k ({self.top_k}) must be >= 0 (0 = off)")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"{prefix}.top_p ({self.top_p}) must be in (0, 1] (1 = off)")
+        return problems
+
 
 @dataclass
 class GenerationOutput:

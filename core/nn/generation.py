@@ -44,7 +44,6 @@ from torch import Tensor, nn
 from tk.core.errors import TkError
 from tk.core.nn.beam import run_beam_search
 from tk.core.nn.decoding import (
-    STRATEGIES,
     Decoder,
     GenerationConfig,
     GenerationOutput,
@@ -59,26 +58,6 @@ __all__ = [
     "GenerationConfig", "GenerationOutput", "generate", "greedy_decode", "beam_search", "sample",
     "sample_next",
 ]
-
-
-def _check_config(cfg: GenerationConfig) -> None:
-    problems = []
-    if cfg.strategy not in STRATEGIES:
-        problems.append(f"generate.strategy ({cfg.strategy!r}) must be one of {STRATEGIES}")
-    if cfg.max_len < 1:
-        problems.append(f"generate.max_len ({cfg.max_len}) must be >= 1")
-    if not 0 <= cfg.min_len <= cfg.max_len:
-        problems.append(f"generate.min_len ({cfg.min_len}) must be in [0, max_len ({cfg.max_len})]")
-    if cfg.beam_size < 1:
-        problems.append(f"generate.beam_size ({cfg.beam_size}) must be >= 1")
-    if cfg.temperature < 0:
-        problems.append(f"generate.temperature ({cfg.temperature}) must be >= 0 (0 = greedy)")
-    if cfg.top_k < 0:
-        problems.append(f"generate.top_k ({cfg.top_k}) must be >= 0 (0 = off)")
-    if not 0 < cfg.top_p <= 1:
-        problems.append(f"generate.top_p ({cfg.top_p}) must be in (0, 1] (1 = off)")
-    if problems:
-        raise TkError("; ".join(problems))
 
 
 def _is_seq2seq(model: nn.Module) -> bool:
@@ -208,7 +187,9 @@ def generate(
         ValueError / TypeError: on bad inputs, a model in training mode or without the API.
     """
     cfg = GenerationConfig() if cfg is None else cfg
-    _check_config(cfg)
+    problems = cfg.check()
+    if problems:
+        raise TkError("; ".join(problems))
     _check_model(model, inputs)
     pad = cfg.pad_id if cfg.pad_id is not None else getattr(model, "pad_id", None)
     if pad is None and cfg.eos_id is not None:

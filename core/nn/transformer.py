@@ -20,9 +20,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from tk.core.nn.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
-from tk.core.nn.config import POS_ENCODINGS, TransformerConfig
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.masks import padding_mask
-from tk.core.nn.pos_embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from tk.core.nn.pos_embed import TokenEmbedding, build_positions
 from tk.core.nn.stack import DecoderCache, TransformerStack
 
 __all__ = ["TransformerEncoder", "TransformerDecoder", "EncoderDecoder", "DecoderOnlyLM", "DecoderCache"]
@@ -89,22 +89,6 @@ class TransformerDecoder(TransformerStack):
             x, memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask, memory_mask=memory_mask,
             memory_key_padding_mask=memory_key_padding_mask, is_causal=is_causal, cache=cache,
         )
-
-
-def build_positions(cfg: TransformerConfig) -> nn.Module | None:
-    """The additive position module of ``cfg.pos_encoding`` (None for "rotary", applied inside
-    attention, and for "none").
-
-    Raises:
-        ValueError: on an unknown kind.
-    """
-    if cfg.pos_encoding == "sinusoidal":
-        return SinusoidalPositionalEncoding(cfg.dim, cfg.max_len)
-    if cfg.pos_encoding == "learned":
-        return LearnedPositionalEmbedding(cfg.max_len, cfg.dim)
-    if cfg.pos_encoding in ("rotary", "none"):
-        return None
-    raise ValueError(f"pos_encoding ({cfg.pos_encoding!r}) must be one of {POS_ENCODINGS}")
 
 
 def _init_linears(module: nn.Module) -> None:
