@@ -15,13 +15,13 @@ from torch import Tensor
 
 from tk.core.nn.decoding import (
     NEG_INF,
+    Decoder,
     GenerationConfig,
     GenerationOutput,
-    Decoder,
+    generated_window,
     init_seqs,
     next_log_probs,
     normalise,
-    generated_window,
 )
 
 

@@ -47,11 +47,11 @@ from tk.core.nn.decoding import (
     Decoder,
     GenerationConfig,
     GenerationOutput,
+    generated_window,
     init_seqs,
     next_log_probs,
     normalise,
     sample_next,
-    generated_window,
 )
 
 __all__ = [

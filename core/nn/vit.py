@@ -24,6 +24,7 @@ from tk.core.nn.config import ViTConfig
 from tk.core.nn.layers import DropPath, build_norm
 from tk.core.nn.pos_embed import resample_pos_embed
 from tk.core.nn.stack import drop_path_rates
+
 # timm ViT parts without a tk counterpart: register tokens, pre-norm, attention pooling,
 # patch-embed norm, layer scale, qk-norm and the extra norms inside attention/MLP.
 _UNSUPPORTED_PREFIXES = ("reg_token", "norm_pre.", "attn_pool.", "patch_embed.norm.")
