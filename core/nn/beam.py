@@ -13,16 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tk.core.nn.decoding import (
-    NEG_INF,
-    Decoder,
-    GenerationConfig,
-    GenerationOutput,
-    generated_window,
-    init_seqs,
-    next_log_probs,
-    normalise,
-)
+from tk.core.nn import decoding
+from tk.core.nn.decoding import NEG_INF, Decoder, GenerationConfig, GenerationOutput
 
 
 @dataclass
@@ -66,7 +58,7 @@ def run_beam_search(
 ) -> GenerationOutput:
     """Batched beam search over (B x K) rows; the cache is reordered every step."""
     B, K, L, dev = prefix.shape[0], cfg.beam_size, cfg.max_len, prefix.device
-    seqs, start, end = init_seqs(prefix.repeat_interleave(K, 0), lengths.repeat_interleave(K, 0), L, pad)
+    seqs, start, end = decoding.init_seqs(prefix.repeat_interleave(K, 0), lengths.repeat_interleave(K, 0), L, pad)
     beam_lp = torch.full((B, K), NEG_INF, device=dev)
     beam_lp[:, 0] = 0.0  # the K rows start identical: expand only the first
     finished = _Finished.empty(B, K, L, 0 if pad is None else pad, prefix)
@@ -75,7 +67,7 @@ def run_beam_search(
     logits = dec.feed(seqs[:, :start])
     for p in range(start, end):
         step = p - lengths  # (B,)
-        logp = next_log_probs(logits, step.repeat_interleave(K), cfg, pad).view(B, K, -1)
+        logp = decoding.next_log_probs(logits, step.repeat_interleave(K), cfg, pad).view(B, K, -1)
         V = logp.shape[-1]
         # 2K candidates: even if K of them end here, K open beams remain.
         cand_lp, flat = (beam_lp[..., None] + logp).view(B, K * V).topk(min(2 * K, K * V), dim=1)
@@ -114,10 +106,10 @@ def _add_finished(
     """Store the finishing candidates (B, C): history of row ``rows`` plus token ``tok``."""
     B, C = tok.shape
     K = seqs.shape[0] // B
-    history = generated_window(seqs, lengths.repeat_interleave(K), cfg.max_len)  # (B*K, L)
+    history = decoding.generated_window(seqs, lengths.repeat_interleave(K), cfg.max_len)  # (B*K, L)
     tokens = history.index_select(0, rows.view(-1)).view(B, C, -1)
     col = step.clamp(0, cfg.max_len - 1)[:, None, None].expand(B, C, 1)  # rows not finishing: any column
     tokens = tokens.scatter(2, col, tok[..., None])
     length = (step + 1).clamp(min=1)[:, None].expand(B, C)
     log_probs = cand_lp.masked_fill(~finishing, NEG_INF)
-    finished.add(normalise(log_probs, length, cfg.length_penalty), log_probs, length, tokens)
+    finished.add(decoding.normalise(log_probs, length, cfg.length_penalty), log_probs, length, tokens)
