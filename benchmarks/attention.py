@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from tk.core.nn.attention import scaled_dot_product_attention
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.nn.transformer import DecoderOnlyLM
 
@@ -94,7 +95,9 @@ def generation_benchmark(args, device: torch.device) -> dict[str, float]:
     """Cached vs uncached greedy ``generate``; returns median seconds and the speedup."""
     torch.manual_seed(0)
     dim, depth, steps = (64, 2, 16) if args.quick else (256, 4, 256)
-    model = DecoderOnlyLM(1000, dim, depth, 4, max_len=1024).to(device).eval()
+    gpt = TransformerConfig(dim=dim, depth=depth, num_heads=4, dropout=0.0, activation="gelu", norm_first=True,
+                            pos_encoding="learned", max_len=1024)
+    model = DecoderOnlyLM(gpt, 1000).to(device).eval()
     prompt = torch.randint(0, 1000, (args.batch, 16), device=device)
     times = {"cached": [], "uncached": []}
     for _ in range(args.gen_reps):

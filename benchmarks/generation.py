@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.nn.transformer import DecoderOnlyLM
 
@@ -105,16 +106,17 @@ class ReferenceLM(nn.Module):
     def __init__(self, vocab: int, dim: int, depth: int, heads: int, max_len: int) -> None:
         super().__init__()
         self.tok_embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(max_len, dim)
-        self.layers = nn.ModuleList(_RefLayer(dim, heads) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
+        self.decoder = nn.ModuleDict({
+            "layers": nn.ModuleList(_RefLayer(dim, heads) for _ in range(depth)), "norm": nn.LayerNorm(dim),
+        })
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.lm_head.weight = self.tok_embed.weight
 
     def forward(self, idx: Tensor, caches: list[dict] | None = None, offset: int = 0) -> Tensor:
         x = self.tok_embed(idx) + self.pos.weight[offset : offset + idx.shape[1]]
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder["layers"]):
             x = layer(x, None if caches is None else caches[i])
-        return self.lm_head(self.norm(x))
+        return self.lm_head(self.decoder["norm"](x))
 
 
 @torch.no_grad()
@@ -123,7 +125,7 @@ def reference_greedy(model: ReferenceLM, prompt: Tensor, steps: int, use_cache: 
     whole sequence every step (logits for every position, the last one used)."""
     out = []
     if use_cache:
-        caches: list[dict] = [{} for _ in model.layers]
+        caches: list[dict] = [{} for _ in model.decoder["layers"]]
         logits = model(prompt, caches)[:, -1]
         for i in range(steps):
             out.append(logits.argmax(-1, keepdim=True))
@@ -194,7 +196,9 @@ def main() -> None:
     dim, depth, heads = (64, 2, 4) if args.quick else (256, 4, 4)
     torch.manual_seed(0)
     random.seed(0)
-    model = DecoderOnlyLM(1000, dim, depth, heads, max_len=1024).to(device).eval()
+    gpt = TransformerConfig(dim=dim, depth=depth, num_heads=heads, dropout=0.0, activation="gelu", norm_first=True,
+                            pos_encoding="learned", max_len=1024)
+    model = DecoderOnlyLM(gpt, 1000).to(device).eval()
     reference = ReferenceLM(1000, dim, depth, heads, max_len=1024).to(device).eval()
     reference.load_state_dict(model.state_dict())
     prompt = torch.randint(3, 1000, (args.batch, args.prompt_len), device=device)

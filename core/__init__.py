@@ -19,14 +19,17 @@ _EXPORTS: dict[str, str] = {
     # positional encodings
     "SinusoidalPositionalEncoding": "nn.pos_embed", "LearnedPositionalEmbedding": "nn.pos_embed",
     "RotaryEmbedding": "nn.pos_embed", "TokenEmbedding": "nn.pos_embed", "resample_pos_embed": "nn.pos_embed",
-    # layers, blocks, stacks, ViT
+    # model configs, layers, blocks, stacks, ViT
+    "TransformerConfig": "nn.config", "ViTConfig": "nn.config",
     "Mlp": "nn.layers", "DropPath": "nn.layers", "RMSNorm": "nn.layers", "build_norm": "nn.layers",
     "EncoderLayer": "nn.blocks", "DecoderLayer": "nn.blocks", "DecoderOnlyLayer": "nn.blocks",
+    "TransformerStack": "nn.stack", "DecoderCache": "nn.stack",
     "TransformerEncoder": "nn.transformer", "TransformerDecoder": "nn.transformer",
-    "EncoderDecoder": "nn.transformer", "DecoderOnlyLM": "nn.transformer", "DecoderCache": "nn.transformer",
+    "EncoderDecoder": "nn.transformer", "DecoderOnlyLM": "nn.transformer",
     "VisionTransformer": "nn.vit", "convert_timm_vit_state_dict": "nn.vit", "load_timm_vit": "nn.vit",
     # generation
-    "generate": "nn.generation", "GenerationConfig": "nn.generation", "greedy_decode": "nn.generation",
+    "generate": "nn.generation", "GenerationConfig": "nn.decoding", "GenerationOutput": "nn.decoding",
+    "greedy_decode": "nn.generation",
     "beam_search": "nn.generation", "sample": "nn.generation",
     # the task contract and the engine
     "Task": "task", "StepOutput": "step", "LoaderSpec": "data.loader", "TkError": "errors",

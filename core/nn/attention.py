@@ -250,8 +250,8 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool = True,
         proj_bias: bool = True,
         fused_qkv: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
         cross_attention: bool = False,
         rotary: nn.Module | None = None,
     ) -> None:
@@ -263,8 +263,8 @@ class MultiHeadAttention(nn.Module):
             qkv_bias: bias in the q/k/v projections.
             proj_bias: bias in the output projection.
             fused_qkv: one ``qkv`` linear for self-attention (else ``q_proj/k_proj/v_proj``).
-            attn_drop: dropout on attention weights.
-            proj_drop: dropout on the output.
+            attn_dropout: dropout on attention weights.
+            proj_dropout: dropout on the output (the residual dropout).
             cross_attention: keys/values come from ``context`` (an encoder output).
             rotary: optional :class:`tk.core.nn.pos_embed.RotaryEmbedding` applied to q and k
                 (self-attention only).
@@ -291,8 +291,8 @@ class MultiHeadAttention(nn.Module):
             self.k_proj = nn.Linear(dim, kv_dim, bias=qkv_bias)
             self.v_proj = nn.Linear(dim, kv_dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.attn_drop = attn_drop
-        self.proj_drop = nn.Dropout(proj_drop)
+        self.attn_dropout = attn_dropout
+        self.proj_dropout = nn.Dropout(proj_dropout)
         self.rotary = rotary
         self.fused_attn = True
 
@@ -368,10 +368,10 @@ class MultiHeadAttention(nn.Module):
         mask = merge_masks(attn_mask, key_padding_mask, tq=Tq, tk=k.shape[2])
         out, weights = scaled_dot_product_attention(
             q, k, v, mask, is_causal,
-            dropout_p=self.attn_drop if self.training else 0.0,
+            dropout_p=self.attn_dropout if self.training else 0.0,
             need_weights=need_weights or not self.fused_attn,
         )
         out = self.proj(out.transpose(1, 2).reshape(B, Tq, self.dim))  # (B, Tq, D)
         if self.training:  # dropout is the identity in eval (skipped: per-token decoding overhead)
-            out = self.proj_drop(out)
+            out = self.proj_dropout(out)
         return (out, weights) if need_weights else out

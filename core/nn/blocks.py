@@ -1,13 +1,13 @@
-"""Transformer layers: encoder layer, encoder-decoder decoder layer and decoder-only layer,
-each post-norm (the paper) or pre-norm (``norm_first``).
+"""Transformer layers built from one :class:`TransformerConfig`: encoder layer, encoder-decoder
+decoder layer and decoder-only layer, each post-norm (the paper) or pre-norm (``norm_first``).
 
 Papers: "Attention Is All You Need" (Vaswani et al., 2017), https://arxiv.org/abs/1706.03762;
 pre-norm, "On Layer Normalization in the Transformer Architecture" (Xiong et al., 2020),
 https://arxiv.org/abs/2002.04745.
 
 Sublayer: post-norm ``x = norm(x + drop_path(f(x)))``; pre-norm ``x = x + drop_path(f(norm(x)))``.
-Residual dropout sits inside the sublayers (attention ``proj_drop``, Mlp's second dropout),
-which matches ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer`` exactly.
+Residual dropout (``cfg.dropout``) sits inside the sublayers (attention ``proj_dropout``,
+Mlp's ``drop2``), which matches ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer``.
 Parameter names: ``self_attn``, ``cross_attn``, ``mlp``, ``norm1``, ``norm2`` (``norm3``).
 """
 
@@ -18,32 +18,46 @@ from typing import Callable
 from torch import Tensor, nn
 
 from tk.core.nn.attention import KVCache, MultiHeadAttention
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.layers import DropPath, Mlp, RMSNorm, build_norm
+from tk.core.nn.pos_embed import RotaryEmbedding
 
 __all__ = ["EncoderLayer", "DecoderLayer", "DecoderOnlyLayer", "Mlp", "DropPath", "RMSNorm", "build_norm"]
+
+
+def build_attention(cfg: TransformerConfig, *, cross: bool = False, rotary: nn.Module | None = None) -> MultiHeadAttention:
+    """The attention of a layer of ``cfg``: heads, kv heads, bias and dropouts from the config."""
+    return MultiHeadAttention(
+        cfg.dim, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=cfg.bias, proj_bias=cfg.bias,
+        attn_dropout=cfg.attn_dropout_p, proj_dropout=cfg.dropout, cross_attention=cross, rotary=rotary,
+    )
+
+
+def _self_attention(cfg: TransformerConfig, rotary: nn.Module | None) -> MultiHeadAttention:
+    """Self-attention with the given rotary module, or one of its own for rotary positions."""
+    if rotary is None and cfg.pos_encoding == "rotary":
+        rotary = RotaryEmbedding(cfg.dim // cfg.num_heads)
+    return build_attention(cfg, rotary=rotary)
+
+
+def build_mlp(cfg: TransformerConfig) -> Mlp:
+    """The feed-forward of a layer of ``cfg``: width, activation, bias and dropouts."""
+    return Mlp(cfg.dim, cfg.ffn_dim, activation=cfg.activation, dropout=cfg.mlp_dropout_p, bias=cfg.bias,
+               proj_dropout=cfg.dropout)
 
 
 class _Sublayers(nn.Module):
     """Shared constructor pieces: residual wiring, norms, feed-forward."""
 
-    def __init__(
-        self,
-        dim: int,
-        hidden_dim: int | None,
-        dropout: float,
-        activation: str,
-        norm_first: bool,
-        norm: str,
-        norm_eps: float,
-        bias: bool,
-        drop_path: float,
-        num_norms: int,
-    ) -> None:
+    num_norms = 2
+
+    def __init__(self, cfg: TransformerConfig, drop_path: float) -> None:
         super().__init__()
-        self.norm_first = norm_first
-        self.mlp = Mlp(dim, hidden_dim or 4 * dim, activation=activation, dropout=dropout, bias=bias)
-        for i in range(1, num_norms + 1):
-            setattr(self, f"norm{i}", build_norm(norm, dim, norm_eps))
+        cfg.validate()
+        self.norm_first = cfg.norm_first
+        self.mlp = build_mlp(cfg)
+        for i in range(1, self.num_norms + 1):
+            setattr(self, f"norm{i}", build_norm(cfg.norm, cfg.dim, cfg.norm_eps))
         self.drop_path = DropPath(drop_path)
 
     def _residual(self, x: Tensor, fn: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:
@@ -58,43 +72,19 @@ class EncoderLayer(_Sublayers):
 
     default_causal = False
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        hidden_dim: int | None = None,
-        *,
-        dropout: float = 0.1,
-        attn_dropout: float | None = None,
-        activation: str = "relu",
-        norm_first: bool = False,
-        norm: str = "layernorm",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        drop_path: float = 0.0,
-        num_kv_heads: int | None = None,
-        rotary: nn.Module | None = None,
-    ) -> None:
+    def __init__(self, cfg: TransformerConfig, *, drop_path: float = 0.0, rotary: nn.Module | None = None) -> None:
         """Args:
-            dim: model width D.
-            num_heads: attention heads H.
-            hidden_dim: feed-forward width; default 4 * D.
-            dropout: residual and feed-forward dropout.
-            attn_dropout: dropout on attention weights; default ``dropout`` (as torch).
-            activation: "relu" (the paper), "gelu" or "swiglu".
-            norm_first: pre-norm if True, post-norm (the paper) if False.
-            norm: "layernorm" or "rmsnorm".
-            norm_eps: norm epsilon.
-            bias: biases in all linear layers.
-            drop_path: stochastic-depth probability of each residual branch.
-            num_kv_heads: grouped-query attention (see ``MultiHeadAttention``).
-            rotary: optional ``RotaryEmbedding`` for self-attention.
+            cfg: every option (dim, heads, kv heads, FFN, activation, norm, dropouts, bias).
+            drop_path: stochastic-depth probability of each residual branch of this layer
+                (a stack sets it from ``cfg.drop_path_rate``).
+            rotary: a ``RotaryEmbedding`` shared by the layers of a stack; default: one of
+                its own when ``cfg.pos_encoding == "rotary"``, else none.
+
+        Raises:
+            ValueError: on any ``cfg.check()`` problem.
         """
-        super().__init__(dim, hidden_dim, dropout, activation, norm_first, norm, norm_eps, bias, drop_path, 2)
-        self.self_attn = MultiHeadAttention(
-            dim, num_heads, num_kv_heads=num_kv_heads, qkv_bias=bias, proj_bias=bias,
-            attn_drop=dropout if attn_dropout is None else attn_dropout, proj_drop=dropout, rotary=rotary,
-        )
+        super().__init__(cfg, drop_path)
+        self.self_attn = _self_attention(cfg, rotary)
 
     def forward(
         self,
@@ -136,29 +126,13 @@ class DecoderOnlyLayer(EncoderLayer):
 class DecoderLayer(_Sublayers):
     """Causal self-attention + cross-attention to the encoder output + feed-forward."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        hidden_dim: int | None = None,
-        *,
-        dropout: float = 0.1,
-        attn_dropout: float | None = None,
-        activation: str = "relu",
-        norm_first: bool = False,
-        norm: str = "layernorm",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        drop_path: float = 0.0,
-        num_kv_heads: int | None = None,
-        rotary: nn.Module | None = None,
-    ) -> None:
+    num_norms = 3
+
+    def __init__(self, cfg: TransformerConfig, *, drop_path: float = 0.0, rotary: nn.Module | None = None) -> None:
         """Args: as :class:`EncoderLayer`; ``rotary`` applies to self-attention only."""
-        super().__init__(dim, hidden_dim, dropout, activation, norm_first, norm, norm_eps, bias, drop_path, 3)
-        attn_drop = dropout if attn_dropout is None else attn_dropout
-        common = dict(num_kv_heads=num_kv_heads, qkv_bias=bias, proj_bias=bias, attn_drop=attn_drop, proj_drop=dropout)
-        self.self_attn = MultiHeadAttention(dim, num_heads, rotary=rotary, **common)
-        self.cross_attn = MultiHeadAttention(dim, num_heads, cross_attention=True, **common)
+        super().__init__(cfg, drop_path)
+        self.self_attn = _self_attention(cfg, rotary)
+        self.cross_attn = build_attention(cfg, cross=True)
 
     def forward(
         self,
@@ -170,7 +144,7 @@ class DecoderLayer(_Sublayers):
         memory_mask: Tensor | None = None,
         memory_key_padding_mask: Tensor | None = None,
         is_causal: bool = True,
-        self_cache: KVCache | None = None,
+        cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
     ) -> Tensor:
         """Args:
@@ -181,7 +155,7 @@ class DecoderLayer(_Sublayers):
             memory_mask: bool cross-attention mask, (Tq, Ts) / (B, Tq, Ts) / (B, H, Tq, Ts).
             memory_key_padding_mask: (B, Ts) bool, padded source positions.
             is_causal: causal self-attention (default True).
-            self_cache: ``KVCache()`` for self-attention keys/values.
+            cache: ``KVCache()`` for self-attention keys/values.
             cross_cache: ``KVCache(static=True)``: cross-attention keys/values, computed from
                 ``memory`` on the first step and reused.
 
@@ -191,7 +165,7 @@ class DecoderLayer(_Sublayers):
         x = self._residual(
             x,
             lambda h: self.self_attn(
-                h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, cache=self_cache
+                h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, cache=cache
             ),
             self.norm1,
         )

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ACTIVATIONS = ("gelu", "relu", "swiglu")
-NORMS = ("layernorm", "rmsnorm")
+from tk.core.nn.config import ACTIVATIONS, NORMS
 
 
 class SwiGLUAct(nn.Module):
@@ -27,7 +26,7 @@ class SwiGLUAct(nn.Module):
 
 
 class Mlp(nn.Module):
-    """Position-wise feed-forward network: fc1 -> act -> dropout -> fc2 -> dropout.
+    """Position-wise feed-forward network: fc1 -> act -> dropout -> fc2 -> proj_dropout.
 
     Parameter names follow timm's ``Mlp`` (``fc1``, ``act``, ``fc2``), so timm ViT weights
     load directly. For ``activation="swiglu"``, ``fc1`` is packed: ``fc1`` maps D -> 2 *
@@ -44,14 +43,16 @@ class Mlp(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         out_dim: int | None = None,
+        proj_dropout: float | None = None,
     ) -> None:
         """Args:
             dim: input width D.
             hidden_dim: hidden width (for SwiGLU, the width after gating).
             activation: "gelu" (exact, as timm/BERT), "relu" (the paper) or "swiglu".
-            dropout: dropout after the activation and after ``fc2``.
+            dropout: dropout after the activation.
             bias: biases in ``fc1``/``fc2``.
             out_dim: output width; defaults to ``dim``.
+            proj_dropout: dropout after ``fc2`` (the residual dropout); default ``dropout``.
 
         Raises:
             ValueError: on an unknown activation.
@@ -64,7 +65,7 @@ class Mlp(nn.Module):
         self.act = {"gelu": nn.GELU, "relu": nn.ReLU, "swiglu": SwiGLUAct}[activation]()
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(hidden_dim, out_dim or dim, bias=bias)
-        self.drop2 = nn.Dropout(dropout)
+        self.drop2 = nn.Dropout(dropout if proj_dropout is None else proj_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., D) -> (..., out_dim)."""

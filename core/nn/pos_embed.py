@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tk.core.nn.config import POS_ENCODINGS, TransformerConfig
+
 
 def sinusoidal_table(num_pos: int, dim: int, offset: int = 0, device=None) -> Tensor:
     """Sinusoidal encodings for positions offset .. offset + num_pos - 1.
@@ -103,11 +105,7 @@ class LearnedPositionalEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
-        """Args:
-            x: (B, T, D).
-            offset: position of x's first token.
-            positions: optional (B, T) long positions of every token, each at most
-                ``offset + its index`` (e.g. left-padded rows counting real tokens only).
+        """Add the rows of the table: arguments as :meth:`SinusoidalPositionalEncoding.forward`.
 
         Returns:
             (B, T, D) = x + weight[offset : offset + T] (or x + weight[positions]).
@@ -205,6 +203,22 @@ class TokenEmbedding(nn.Embedding):
         """(B, T) ids -> (B, T, D)."""
         x = super().forward(tokens)
         return x if self.scale == 1.0 else x * self.scale  # skip a full pass (and a decode-step op)
+
+
+def build_positions(cfg: TransformerConfig) -> nn.Module | None:
+    """The additive position module of ``cfg.pos_encoding`` (None for "rotary", applied inside
+    attention, and for "none").
+
+    Raises:
+        ValueError: on an unknown kind.
+    """
+    if cfg.pos_encoding == "sinusoidal":
+        return SinusoidalPositionalEncoding(cfg.dim, cfg.max_len)
+    if cfg.pos_encoding == "learned":
+        return LearnedPositionalEmbedding(cfg.max_len, cfg.dim)
+    if cfg.pos_encoding in ("rotary", "none"):
+        return None
+    raise ValueError(f"pos_encoding ({cfg.pos_encoding!r}) must be one of {POS_ENCODINGS}")
 
 
 def sincos_pos_embed_2d(dim: int, grid: tuple[int, int], temperature: float = 10000.0) -> Tensor:

@@ -1,5 +1,6 @@
-"""Transformer stacks and models: encoder, decoder, encoder-decoder (seq2seq) and a
-decoder-only language model, with KV-cached incremental decoding for generation.
+"""Transformer stacks and models built from one :class:`TransformerConfig`: encoder, decoder,
+encoder-decoder (seq2seq) and a decoder-only language model, with KV-cached incremental
+decoding for generation.
 
 Papers: "Attention Is All You Need" (Vaswani et al., 2017), https://arxiv.org/abs/1706.03762;
 weight tying, "Using the Output Embedding to Improve Language Models" (Press & Wolf, 2017),
@@ -9,86 +10,33 @@ Generation API (both models): ``init_cache(batch, max_len)`` -> :class:`DecoderC
 ``decode_step(...)`` feeds the new tokens and returns their logits, appending to the cache;
 ``reorder_cache(cache, beam_indices)`` reorders batch rows for beam search.
 The models must be in ``eval()`` mode and run under ``torch.no_grad()`` for decoding.
+
+Layer ids (``optim.layer_decay``): embeddings 0, layer i of the first stack i + 1, the
+decoder's layers after the encoder's, the output projection and last norm ``num_layers()``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor, nn
 
-from tk.core.nn.attention import KVCache
 from tk.core.nn.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
-from tk.core.nn.layers import build_norm
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.masks import padding_mask
-from tk.core.nn.pos_embed import (
-    LearnedPositionalEmbedding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    TokenEmbedding,
-)
+from tk.core.nn.pos_embed import TokenEmbedding, build_positions
+from tk.core.nn.stack import DecoderCache, TransformerStack
 
-POS_ENCODINGS = ("sinusoidal", "learned", "rotary")
+__all__ = ["TransformerEncoder", "TransformerDecoder", "EncoderDecoder", "DecoderOnlyLM", "DecoderCache"]
 
 
-class DecoderCache:
-    """KV caches of every decoder layer, for incremental decoding.
+class TransformerEncoder(TransformerStack):
+    """A stack of :class:`EncoderLayer` with an optional final norm (``cfg.use_final_norm``)."""
 
-    Attributes:
-        self_attn: one growing ``KVCache`` per layer (target keys/values so far).
-        cross_attn: one ``KVCache(static=True)`` per layer (encoder keys/values, computed on the
-            first step), or None for decoder-only models.
-        batch_size: rows the cache was created for (changes with ``reorder``).
-    """
-
-    def __init__(self, num_layers: int, batch_size: int, max_len: int | None = None, cross: bool = False) -> None:
-        self.batch_size = batch_size
-        self.self_attn = [KVCache(max_len) for _ in range(num_layers)]
-        self.cross_attn = [KVCache(static=True) for _ in range(num_layers)] if cross else None
-
-    @property
-    def length(self) -> int:
-        """Number of target positions decoded so far (= position of the next token)."""
-        return self.self_attn[0].length
-
-    def reorder(self, indices: Tensor) -> None:
-        """Row i of every cache becomes old row ``indices[i]`` (in place).
-
-        Args:
-            indices: (B',) long; B' may differ from the current batch size.
-        """
-        for c in self.self_attn + (self.cross_attn or []):
-            c.reorder(indices)
-        self.batch_size = indices.numel()
-
-
-def _drop_path_rates(rate: float, depth: int) -> list[float]:
-    """Stochastic-depth rates rising linearly from 0 to ``rate`` over the layers."""
-    return [rate * i / max(depth - 1, 1) for i in range(depth)]
-
-
-class TransformerEncoder(nn.Module):
-    """A stack of :class:`EncoderLayer` with an optional final norm."""
-
-    def __init__(
-        self, dim: int, depth: int, num_heads: int, *, final_norm: bool | None = None,
-        drop_path_rate: float = 0.0, **layer_kwargs: Any,
-    ) -> None:
+    def __init__(self, cfg: TransformerConfig, depth: int | None = None) -> None:
         """Args:
-            dim: D. depth: number of layers. num_heads: H.
-            final_norm: norm after the last layer; default = ``norm_first`` (pre-norm stacks
-                need it; ``nn.Transformer`` uses one in both modes).
-            drop_path_rate: stochastic depth of the last layer (linear from 0).
-            **layer_kwargs: :class:`EncoderLayer` arguments (hidden_dim, dropout, activation,
-                norm_first, norm, norm_eps, bias, num_kv_heads, rotary, ...).
+            cfg: the layers' options.
+            depth: layers; default ``cfg.encoder_depth``, else ``cfg.depth``.
         """
-        super().__init__()
-        self.layers = nn.ModuleList(
-            EncoderLayer(dim, num_heads, drop_path=p, **layer_kwargs) for p in _drop_path_rates(drop_path_rate, depth)
-        )
-        final_norm = layer_kwargs.get("norm_first", False) if final_norm is None else final_norm
-        eps = layer_kwargs.get("norm_eps", 1e-5)
-        self.norm = build_norm(layer_kwargs.get("norm", "layernorm"), dim, eps) if final_norm else nn.Identity()
+        super().__init__(cfg, EncoderLayer, depth or cfg.encoder_depth or cfg.depth)
 
     def forward(
         self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
@@ -101,26 +49,18 @@ class TransformerEncoder(nn.Module):
         Returns:
             (B, T, D).
         """
-        for layer in self.layers:
-            x = layer(x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
-        return self.norm(x)
+        return self.run_layers(x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
 
 
-class TransformerDecoder(nn.Module):
+class TransformerDecoder(TransformerStack):
     """A stack of :class:`DecoderLayer` (causal self-attn + cross-attn + FFN), optional final norm."""
 
-    def __init__(
-        self, dim: int, depth: int, num_heads: int, *, final_norm: bool | None = None,
-        drop_path_rate: float = 0.0, **layer_kwargs: Any,
-    ) -> None:
-        """Args: as :class:`TransformerEncoder`, with :class:`DecoderLayer` arguments."""
-        super().__init__()
-        self.layers = nn.ModuleList(
-            DecoderLayer(dim, num_heads, drop_path=p, **layer_kwargs) for p in _drop_path_rates(drop_path_rate, depth)
-        )
-        final_norm = layer_kwargs.get("norm_first", False) if final_norm is None else final_norm
-        eps = layer_kwargs.get("norm_eps", 1e-5)
-        self.norm = build_norm(layer_kwargs.get("norm", "layernorm"), dim, eps) if final_norm else nn.Identity()
+    def __init__(self, cfg: TransformerConfig, depth: int | None = None) -> None:
+        """Args:
+            cfg: the layers' options.
+            depth: layers; default ``cfg.decoder_depth``, else ``cfg.depth``.
+        """
+        super().__init__(cfg, DecoderLayer, depth or cfg.decoder_depth or cfg.depth)
 
     def forward(
         self,
@@ -145,33 +85,9 @@ class TransformerDecoder(nn.Module):
         Returns:
             (B, Tq, D).
         """
-        for i, layer in enumerate(self.layers):
-            x = layer(
-                x, memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask, memory_mask=memory_mask,
-                memory_key_padding_mask=memory_key_padding_mask, is_causal=is_causal,
-                self_cache=None if cache is None else cache.self_attn[i],
-                cross_cache=None if cache is None else cache.cross_attn[i],
-            )
-        return self.norm(x)
-
-
-def _build_pos(kind: str, dim: int, max_len: int) -> nn.Module | None:
-    if kind == "sinusoidal":
-        return SinusoidalPositionalEncoding(dim, max_len)
-    if kind == "learned":
-        return LearnedPositionalEmbedding(max_len, dim)
-    if kind == "rotary":
-        return None  # applied inside attention
-    raise ValueError(f"pos_encoding ({kind!r}) must be one of {POS_ENCODINGS}")
-
-
-def _check_cache(cache: DecoderCache, tokens: Tensor, needs_cross: bool) -> None:
-    if needs_cross and cache.cross_attn is None:
-        raise ValueError("this cache has no cross-attention part; create it with model.init_cache(...)")
-    if tokens.shape[0] != cache.batch_size:
-        raise ValueError(
-            f"tokens have batch size {tokens.shape[0]} but the cache holds {cache.batch_size} rows; "
-            "call reorder_cache(cache, indices) after changing the batch"
+        return self.run_layers(
+            x, memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask, memory_mask=memory_mask,
+            memory_key_padding_mask=memory_key_padding_mask, is_causal=is_causal, cache=cache,
         )
 
 
@@ -186,81 +102,64 @@ def _init_linears(module: nn.Module) -> None:
 
 class EncoderDecoder(nn.Module):
     """The sequence-to-sequence Transformer: embeddings (scaled by sqrt(D)) + positions +
-    dropout, encoder, decoder, output projection ``lm_head`` (optionally tied).
+    dropout, encoder, decoder, output projection ``lm_head`` (tied with ``cfg.tie_embeddings``).
 
     Generation: ``memory = model.encode(src)``, ``cache = model.init_cache(B, max_len)``, then
-    repeatedly ``logits = model.decode_step(tokens_new, memory, model.src_padding_mask(src), cache)``.
+    repeatedly ``logits = model.decode_step(tokens_new, memory, model.src_key_padding_mask(src), cache)``.
     """
 
     def __init__(
-        self,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        dim: int = 512,
-        *,
-        encoder_depth: int = 6,
-        decoder_depth: int = 6,
-        num_heads: int = 8,
-        hidden_dim: int | None = None,
-        dropout: float = 0.1,
-        activation: str = "relu",
-        norm_first: bool = False,
-        norm: str = "layernorm",
-        norm_eps: float = 1e-5,
-        final_norm: bool | None = None,
-        max_len: int = 1024,
-        pos_encoding: str = "sinusoidal",
-        pad_id: int | None = None,
-        share_embeddings: bool = False,
-        tie_output: bool = True,
-        num_kv_heads: int | None = None,
-        drop_path_rate: float = 0.0,
+        self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, *, pad_id: int | None = None
     ) -> None:
         """Args:
-            src_vocab_size / tgt_vocab_size: vocabularies. dim: D. encoder_depth /
-                decoder_depth: layers. num_heads: H. hidden_dim: FFN width (default 4 * D).
-            dropout: embedding, residual, FFN and attention dropout. activation: FFN activation.
-            norm_first: pre-norm. norm / norm_eps: norm kind and epsilon. final_norm: norm
-                after each stack (default ``norm_first``).
-            max_len: positions in the table ("learned" raises beyond it; "sinusoidal" and
-                "rotary" extrapolate). pos_encoding: "sinusoidal" | "learned" | "rotary".
+            cfg: the model (``encoder_depth``/``decoder_depth``, default ``depth``; positions up to
+                ``max_len``; ``tie_embeddings``: ``lm_head.weight`` is the target embedding;
+                ``share_embeddings``: one embedding for source and target).
+            src_vocab_size / tgt_vocab_size: vocabularies.
             pad_id: padding id: its embedding row is zero, and the source padding mask is
                 derived from it when not given.
-            share_embeddings: one embedding for source and target (needs equal vocabularies).
-            tie_output: ``lm_head.weight`` is the target embedding weight.
-            num_kv_heads: grouped-query attention. drop_path_rate: stochastic depth.
 
         Raises:
-            ValueError: on mismatched vocabularies with ``share_embeddings``, or unknown options.
+            ValueError: on mismatched vocabularies with ``share_embeddings``, or any
+                ``cfg.check()`` problem.
         """
         super().__init__()
-        if share_embeddings and src_vocab_size != tgt_vocab_size:
+        cfg.validate()
+        if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(
                 f"share_embeddings needs equal vocabularies, got src_vocab_size ({src_vocab_size}) and "
                 f"tgt_vocab_size ({tgt_vocab_size}); use a joint vocabulary or share_embeddings=False"
             )
         self.pad_id = pad_id
-        self.src_embed = TokenEmbedding(src_vocab_size, dim, pad_id)
-        self.tgt_embed = self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, dim, pad_id)
-        self.src_pos, self.tgt_pos = _build_pos(pos_encoding, dim, max_len), _build_pos(pos_encoding, dim, max_len)
-        rotary = RotaryEmbedding(dim // num_heads) if pos_encoding == "rotary" and dim % num_heads == 0 else None
-        self.embed_drop = nn.Dropout(dropout)
-        layer_kwargs = dict(
-            hidden_dim=hidden_dim, dropout=dropout, activation=activation, norm_first=norm_first, norm=norm,
-            norm_eps=norm_eps, num_kv_heads=num_kv_heads, rotary=rotary, final_norm=final_norm,
-            drop_path_rate=drop_path_rate,
-        )
-        self.encoder = TransformerEncoder(dim, encoder_depth, num_heads, **layer_kwargs)
-        self.decoder = TransformerDecoder(dim, decoder_depth, num_heads, **layer_kwargs)
-        self.lm_head = nn.Linear(dim, tgt_vocab_size, bias=False)
+        self.src_embed = TokenEmbedding(src_vocab_size, cfg.dim, pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else TokenEmbedding(tgt_vocab_size, cfg.dim, pad_id)
+        self.src_pos, self.tgt_pos = build_positions(cfg), build_positions(cfg)
+        self.embed_drop = nn.Dropout(cfg.dropout)
+        self.encoder = TransformerEncoder(cfg)
+        self.decoder = TransformerDecoder(cfg)
+        self.lm_head = nn.Linear(cfg.dim, tgt_vocab_size, bias=False)
         _init_linears(self.encoder)
         _init_linears(self.decoder)
-        if tie_output:
+        if cfg.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
         else:
-            nn.init.normal_(self.lm_head.weight, std=dim**-0.5)
+            nn.init.normal_(self.lm_head.weight, std=cfg.dim**-0.5)
 
-    def src_padding_mask(self, src: Tensor) -> Tensor | None:
+    def num_layers(self) -> int:
+        """encoder layers + decoder layers + 1 (the head)."""
+        return len(self.encoder.layers) + len(self.decoder.layers) + 1
+
+    def layer_id(self, name: str) -> int:
+        """Embeddings 0, encoder layer i -> i + 1, its final norm and then the decoder's layers
+        after them, the decoder's final norm and ``lm_head`` -> ``num_layers()``."""
+        stack, _, rest = name.partition(".")
+        if stack == "encoder":
+            return self.encoder.layer_id(rest)
+        if stack == "decoder":
+            return len(self.encoder.layers) + self.decoder.layer_id(rest)
+        return self.num_layers() if stack == "lm_head" else 0
+
+    def src_key_padding_mask(self, src: Tensor) -> Tensor | None:
         """(B, Ts) bool padding mask of ``src`` from ``pad_id``, or None without a pad_id."""
         return None if self.pad_id is None else padding_mask(src, self.pad_id)
 
@@ -276,15 +175,15 @@ class EncoderDecoder(nn.Module):
             src_key_padding_mask: (B, Ts) bool, True at padding; default from ``pad_id``.
 
         Returns:
-            memory (B, Ts, D). Pass the same padding mask as ``memory_padding_mask`` later.
+            memory (B, Ts, D). Pass the same padding mask as ``memory_key_padding_mask`` later.
         """
         if src_key_padding_mask is None:
-            src_key_padding_mask = self.src_padding_mask(src)
+            src_key_padding_mask = self.src_key_padding_mask(src)
         x = self._embed(src, self.src_embed, self.src_pos, 0)
         return self.encoder(x, key_padding_mask=src_key_padding_mask)
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, memory_padding_mask: Tensor | None = None,
+        self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None = None,
         tgt_key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Full (teacher-forced) causal decoding of ``tgt`` (B, Tt) -> logits (B, Tt, V).
@@ -295,7 +194,7 @@ class EncoderDecoder(nn.Module):
         """
         x = self._embed(tgt, self.tgt_embed, self.tgt_pos, 0)
         x = self.decoder(
-            x, memory, key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_padding_mask,
+            x, memory, key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
             is_causal=True,
         )
         return self.lm_head(x)
@@ -313,7 +212,7 @@ class EncoderDecoder(nn.Module):
             logits (B, Tt, V_tgt).
         """
         if src_key_padding_mask is None:
-            src_key_padding_mask = self.src_padding_mask(src)
+            src_key_padding_mask = self.src_key_padding_mask(src)
         memory = self.encode(src, src_key_padding_mask)
         return self.decode(tgt, memory, src_key_padding_mask, tgt_key_padding_mask)
 
@@ -322,7 +221,7 @@ class EncoderDecoder(nn.Module):
         return DecoderCache(len(self.decoder.layers), batch, max_len, cross=True)
 
     def decode_step(
-        self, tokens_new: Tensor, memory: Tensor | None, memory_padding_mask: Tensor | None,
+        self, tokens_new: Tensor, memory: Tensor | None, memory_key_padding_mask: Tensor | None,
         cache: DecoderCache, pos_offset: int | None = None,
     ) -> Tensor:
         """Feed new target tokens, appending their keys/values to ``cache``.
@@ -336,7 +235,7 @@ class EncoderDecoder(nn.Module):
                 (usually Tn = 1; the first call typically feeds the BOS token).
             memory: (B, Ts, D) from :meth:`encode` (repeated per beam, e.g. with
                 ``repeat_interleave(beam, 0)``, before the first step).
-            memory_padding_mask: (B, Ts) bool source padding, rows matching ``memory``.
+            memory_key_padding_mask: (B, Ts) bool source padding, rows matching ``memory``.
             cache: from :meth:`init_cache`.
             pos_offset: position of ``tokens_new[:, 0]`` for the learned/sinusoidal table;
                 default ``cache.length``. Rotary embeddings always use ``cache.length``.
@@ -344,17 +243,17 @@ class EncoderDecoder(nn.Module):
         Returns:
             logits (B, Tn, V_tgt) for the new positions.
         """
-        _check_cache(cache, tokens_new, needs_cross=True)
+        cache.check(tokens_new, needs_cross=True)
         offset = cache.length if pos_offset is None else pos_offset
         x = self._embed(tokens_new, self.tgt_embed, self.tgt_pos, offset)
-        x = self.decoder(x, memory, memory_key_padding_mask=memory_padding_mask, is_causal=True, cache=cache)
+        x = self.decoder(x, memory, memory_key_padding_mask=memory_key_padding_mask, is_causal=True, cache=cache)
         return self.lm_head(x)
 
     def reorder_cache(self, cache: DecoderCache, beam_indices: Tensor) -> DecoderCache:
         """Beam search: row i of every layer's cache becomes old row ``beam_indices[i]``.
 
         Self- and cross-attention caches are both reordered, in place. Reorder (or keep
-        consistent) your own ``memory_padding_mask`` rows the same way.
+        consistent) your own ``memory_key_padding_mask`` rows the same way.
 
         Returns:
             the same ``cache``.
@@ -364,62 +263,47 @@ class EncoderDecoder(nn.Module):
 
 
 class DecoderOnlyLM(nn.Module):
-    """A GPT-style language model: token embedding + positions + dropout, a stack of causal
-    :class:`DecoderOnlyLayer`, final norm (pre-norm), ``lm_head`` (optionally tied).
+    """A GPT-style language model: token embedding + positions + dropout, a
+    :class:`TransformerStack` of causal :class:`DecoderOnlyLayer` (``decoder``: its layers and
+    final norm), ``lm_head`` (tied with ``cfg.tie_embeddings``).
 
     Generation: ``cache = model.init_cache(B, max_len)``; ``logits = model.decode_step(prompt,
     cache)`` (prefill), then ``model.decode_step(next_token[:, None], cache)`` per step.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        dim: int = 256,
-        depth: int = 4,
-        num_heads: int = 4,
-        *,
-        hidden_dim: int | None = None,
-        max_len: int = 1024,
-        dropout: float = 0.0,
-        activation: str = "gelu",
-        norm_first: bool = True,
-        norm: str = "layernorm",
-        norm_eps: float = 1e-5,
-        pos_encoding: str = "learned",
-        tie_embeddings: bool = True,
-        num_kv_heads: int | None = None,
-        pad_id: int | None = None,
-        bias: bool = True,
-        drop_path_rate: float = 0.0,
-    ) -> None:
+    def __init__(self, cfg: TransformerConfig, vocab_size: int, *, pad_id: int | None = None) -> None:
         """Args:
-            vocab_size: V. dim: D. depth: layers. num_heads: H. hidden_dim: FFN width
-                (default 4 * D). max_len: learned-position table size (raises beyond it;
-                "sinusoidal"/"rotary" extrapolate). dropout: all dropouts.
-            activation / norm_first / norm / norm_eps / bias / num_kv_heads: layer options.
-            pos_encoding: "learned" | "sinusoidal" | "rotary".
-            tie_embeddings: ``lm_head.weight`` is the token embedding weight.
+            cfg: the model (``depth`` layers; positions up to ``max_len``: "learned" raises
+                beyond it, "sinusoidal"/"rotary" extrapolate; ``tie_embeddings``:
+                ``lm_head.weight`` is the token embedding weight).
+            vocab_size: V.
             pad_id: padding id (its embedding row starts at zero and gets no gradient).
-            drop_path_rate: stochastic depth of the last layer.
+
+        Raises:
+            ValueError: on any ``cfg.check()`` problem.
         """
         super().__init__()
+        cfg.validate()
         self.pad_id = pad_id
-        self.tok_embed = TokenEmbedding(vocab_size, dim, pad_id, scale=False)
-        self.pos = _build_pos(pos_encoding, dim, max_len)
-        rotary = RotaryEmbedding(dim // num_heads) if pos_encoding == "rotary" and dim % num_heads == 0 else None
-        self.embed_drop = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(
-            DecoderOnlyLayer(
-                dim, num_heads, hidden_dim, dropout=dropout, activation=activation, norm_first=norm_first,
-                norm=norm, norm_eps=norm_eps, bias=bias, drop_path=p, num_kv_heads=num_kv_heads, rotary=rotary,
-            )
-            for p in _drop_path_rates(drop_path_rate, depth)
-        )
-        self.norm = build_norm(norm, dim, norm_eps) if norm_first else nn.Identity()
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.tok_embed = TokenEmbedding(vocab_size, cfg.dim, pad_id, scale=False)
+        self.pos = build_positions(cfg)
+        self.embed_drop = nn.Dropout(cfg.dropout)
+        self.decoder = TransformerStack(cfg, DecoderOnlyLayer)
+        self.lm_head = nn.Linear(cfg.dim, vocab_size, bias=False)
         self.apply(self._init_weights)
-        if tie_embeddings:
+        if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embed.weight
+
+    def num_layers(self) -> int:
+        """layers + 1 (the head)."""
+        return self.decoder.num_layers()
+
+    def layer_id(self, name: str) -> int:
+        """Embeddings 0, layer i -> i + 1, final norm and ``lm_head`` -> ``num_layers()``."""
+        stack, _, rest = name.partition(".")
+        if stack == "decoder":
+            return self.decoder.layer_id(rest)
+        return self.num_layers() if stack == "lm_head" else 0
 
     def _init_weights(self, m: nn.Module) -> None:
         """GPT-2 initialisation: N(0, 0.02) weights, zero biases, zero padding row."""
@@ -446,9 +330,7 @@ class DecoderOnlyLM(nn.Module):
             start = (0 if cache is None else cache.length) if offset is None else offset
             x = self.pos(x, start, positions)
         x = self.embed_drop(x) if self.training else x
-        for i, layer in enumerate(self.layers):
-            x = layer(x, key_padding_mask=key_padding_mask, cache=None if cache is None else cache.self_attn[i])
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        return self.lm_head(self.decoder(x, key_padding_mask=key_padding_mask, cache=cache))  # (B, T, V)
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         """Args:
@@ -466,7 +348,7 @@ class DecoderOnlyLM(nn.Module):
 
     def init_cache(self, batch: int, max_len: int | None = None) -> DecoderCache:
         """An empty cache for ``batch`` rows; ``max_len`` positions are preallocated."""
-        return DecoderCache(len(self.layers), batch, max_len, cross=False)
+        return DecoderCache(len(self.decoder.layers), batch, max_len, cross=False)
 
     def decode_step(
         self, tokens_new: Tensor, cache: DecoderCache, pos_offset: int | None = None,
@@ -489,7 +371,7 @@ class DecoderOnlyLM(nn.Module):
         Returns:
             logits (B, Tn, V) for the new positions.
         """
-        _check_cache(cache, tokens_new, needs_cross=False)
+        cache.check(tokens_new, needs_cross=False)
         return self._run(tokens_new, pos_offset, key_padding_mask, cache)
 
     def reorder_cache(self, cache: DecoderCache, beam_indices: Tensor) -> DecoderCache:

@@ -12,17 +12,19 @@ Parameter names equal timm's ``VisionTransformer`` (``patch_embed.proj``, ``cls_
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tk.core.nn.attention import MultiHeadAttention
-from tk.core.nn.layers import DropPath, Mlp
+from tk.core.nn.blocks import build_attention, build_mlp
+from tk.core.nn.config import ViTConfig
+from tk.core.nn.layers import DropPath, build_norm
 from tk.core.nn.pos_embed import resample_pos_embed
+from tk.core.nn.stack import drop_path_rates
 
-POOLINGS = ("cls", "mean")
 # timm ViT parts without a tk counterpart: register tokens, pre-norm, attention pooling,
 # patch-embed norm, layer scale, qk-norm and the extra norms inside attention/MLP.
 _UNSUPPORTED_PREFIXES = ("reg_token", "norm_pre.", "attn_pool.", "patch_embed.norm.")
@@ -59,18 +61,19 @@ class PatchEmbed(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer encoder block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+    """Pre-norm Transformer encoder block with timm's names: x + attn(norm1(x)), then
+    x + mlp(norm2(x)); options (heads, FFN, activation, norm, bias, dropouts) from ``cfg``."""
 
-    def __init__(
-        self, dim: int, num_heads: int, mlp_ratio: float = 4.0, *, qkv_bias: bool = True,
-        dropout: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
-    ) -> None:
+    def __init__(self, cfg: ViTConfig, *, drop_path: float = 0.0) -> None:
+        """Args:
+            cfg: the block's options. drop_path: stochastic depth of both residual branches.
+        """
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=dropout)
+        self.norm1 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.attn = build_attention(cfg)
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), activation="gelu", dropout=dropout)
+        self.norm2 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.mlp = build_mlp(cfg)
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -89,68 +92,41 @@ class VisionTransformer(nn.Module):
     """
 
     def __init__(
-        self,
-        img_size: int = 224,
-        patch_size: int = 16,
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        dropout: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path_rate: float = 0.0,
-        pooling: str = "cls",
-        distilled: bool = False,
+        self, cfg: ViTConfig | None = None, *, img_size: int = 224, in_chans: int = 3, num_classes: int = 1000,
+        **overrides: Any,
     ) -> None:
         """Args:
+            cfg: the architecture (width, depth, heads, FFN, patch size, pooling, DeiT token,
+                dropouts, drop path); default ``ViTConfig()`` (ViT-B/16).
             img_size: input side in pixels (position embeddings are built for it).
-            patch_size: patch side P.
             in_chans: input channels.
             num_classes: classes C of the head; 0 = no head (returns pooled (B, D) features).
-            dim: width D.
-            depth: number of blocks.
-            num_heads: attention heads H (D must be divisible by H).
-            mlp_ratio: MLP hidden width / D.
-            qkv_bias: bias in the qkv projection.
-            dropout: dropout after the attention projection, in the MLP and on positions.
-            attn_drop: dropout on attention weights.
-            drop_path_rate: stochastic depth, rising linearly from 0 to this at the last block.
-            pooling: "cls" (class token) or "mean" (mean over patch tokens, then ``norm``).
-            distilled: add a DeiT distillation token and ``head_dist``.
+            **overrides: ``ViTConfig`` fields replacing those of ``cfg``, e.g.
+                ``VisionTransformer(img_size=32, patch_size=4, dim=192, depth=12, num_heads=3)``.
 
         Raises:
-            ValueError: on indivisible sizes, an unknown pooling or distilled + mean pooling.
+            ValueError: on any ``cfg.check()`` problem or an image size the patch does not divide.
+            TypeError: on an override that is not a ``ViTConfig`` field.
         """
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling ({pooling!r}) must be one of {POOLINGS}")
-        if distilled and pooling != "cls":
-            raise ValueError("distilled=True needs pooling='cls' (the DeiT heads read the two tokens)")
-        if not 0.0 <= drop_path_rate < 1.0:
-            raise ValueError(f"drop_path_rate ({drop_path_rate}) must be in [0, 1)")
-        self.num_classes, self.dim, self.pooling, self.distilled = num_classes, dim, pooling, distilled
-        self.num_prefix_tokens = 2 if distilled else 1
+        cfg = dataclasses.replace(cfg or ViTConfig(), **overrides)
+        cfg.validate()
+        self.cfg = cfg
+        dim = cfg.dim
+        self.num_classes, self.dim, self.pooling, self.distilled = num_classes, dim, cfg.pooling, cfg.distilled
+        self.num_prefix_tokens = 2 if cfg.distilled else 1
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, dim)
+        self.patch_embed = PatchEmbed(img_size, cfg.patch_size, in_chans, dim)
         num_patches = self.patch_embed.grid[0] * self.patch_embed.grid[1]
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if distilled else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if cfg.distilled else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + num_patches, dim))
-        self.pos_drop = nn.Dropout(dropout)
-        rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth > 1 else [drop_path_rate] * depth
-        self.blocks = nn.Sequential(*[
-            Block(dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, dropout=dropout, attn_drop=attn_drop, drop_path=r)
-            for r in rates
-        ])
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.Sequential(*[Block(cfg, drop_path=p) for p in drop_path_rates(cfg.drop_path_rate, cfg.depth)])
+        self.norm = build_norm(cfg.norm, dim, cfg.norm_eps)
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
-        if distilled:
+        if cfg.distilled:
             self.head_dist = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self.reset_parameters()
 
@@ -173,6 +149,19 @@ class VisionTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block's activations in backward instead of storing them."""
         self.grad_checkpointing = enable
+
+    def num_layers(self) -> int:
+        """Layer ids for ``optim.layer_decay`` run 0 .. depth + 1 (timm/BEiT)."""
+        return len(self.blocks) + 1
+
+    def layer_id(self, name: str) -> int:
+        """0 for the patch embedding, tokens and positions; block i -> i + 1; the final norm
+        and the heads -> ``num_layers()``."""
+        if name.startswith(("patch_embed.", "cls_token", "dist_token", "pos_embed")):
+            return 0
+        if name.startswith("blocks."):
+            return int(name.split(".")[1]) + 1
+        return self.num_layers()
 
     def no_weight_decay(self) -> set[str]:
         """Parameters the optimiser should not decay (timm convention)."""

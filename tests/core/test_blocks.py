@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tk.core.nn.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.masks import causal_mask
 
 
@@ -59,6 +60,12 @@ def _randomise_norms(module: nn.Module) -> None:
 D, H, FF = 16, 4, 40
 
 
+def cfg(**kw) -> TransformerConfig:
+    """The paper's layer (post-norm, ReLU, no drop path) of width D, H heads, FFN FF."""
+    args = dict(dim=D, num_heads=H, hidden_dim=FF, dropout=0.0, activation="relu", norm_first=False)
+    return TransformerConfig(**{**args, **kw})
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("causal", [False, True])
@@ -68,7 +75,7 @@ def test_encoder_layer_matches_torch(norm_first, activation, causal):
         D, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
     )
     _randomise_norms(ref)
-    ours = EncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first)
+    ours = EncoderLayer(cfg(activation=activation, norm_first=norm_first))
     copy_encoder_layer(ours, ref)
     ref.eval(), ours.eval()
     x = torch.randn(2, 6, D)
@@ -84,7 +91,7 @@ def test_decoder_layer_matches_torch(norm_first):
     torch.manual_seed(1)
     ref = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
     _randomise_norms(ref)
-    ours = DecoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first)
+    ours = DecoderLayer(cfg(norm_first=norm_first))
     copy_decoder_layer(ours, ref)
     ref.eval(), ours.eval()
     tgt, mem = torch.randn(2, 5, D), torch.randn(2, 7, D)
@@ -100,7 +107,7 @@ def test_decoder_layer_matches_torch(norm_first):
 
 def test_decoder_layer_no_leakage():
     torch.manual_seed(2)
-    layer = DecoderLayer(D, H, dropout=0.0).eval()
+    layer = DecoderLayer(cfg(hidden_dim=None)).eval()
     tgt, mem = torch.randn(1, 6, D), torch.randn(1, 4, D)
     mem_kpm = torch.tensor([[False, False, True, True]])
     base = layer(tgt, mem, memory_key_padding_mask=mem_kpm)
@@ -116,8 +123,8 @@ def test_decoder_layer_no_leakage():
 
 def test_decoder_only_layer_is_causal_by_default():
     torch.manual_seed(3)
-    layer = DecoderOnlyLayer(D, H, dropout=0.0, norm_first=True).eval()
-    enc = EncoderLayer(D, H, dropout=0.0, norm_first=True).eval()
+    layer = DecoderOnlyLayer(cfg(hidden_dim=None, norm_first=True)).eval()
+    enc = EncoderLayer(cfg(hidden_dim=None, norm_first=True)).eval()
     enc.load_state_dict(layer.state_dict())
     x = torch.randn(2, 5, D)
     assert torch.allclose(layer(x), enc(x, is_causal=True), atol=1e-6)
@@ -126,7 +133,8 @@ def test_decoder_only_layer_is_causal_by_default():
 
 def test_options_swiglu_rmsnorm_drop_path():
     torch.manual_seed(4)
-    layer = EncoderLayer(D, H, 24, activation="swiglu", norm="rmsnorm", norm_first=True, drop_path=0.5, num_kv_heads=2)
+    options = cfg(hidden_dim=24, activation="swiglu", norm="rmsnorm", norm_first=True, num_kv_heads=2)
+    layer = EncoderLayer(options, drop_path=0.5)
     assert layer.mlp.fc1.weight.shape == (48, D)
     x = torch.randn(8, 3, D, requires_grad=True)
     out = layer(x)
@@ -138,6 +146,6 @@ def test_options_swiglu_rmsnorm_drop_path():
 
 def test_errors():
     with pytest.raises(ValueError, match=r"dim \(10\) must be divisible by num_heads \(3\)"):
-        EncoderLayer(10, 3)
+        EncoderLayer(TransformerConfig(dim=10, num_heads=3))
     with pytest.raises(ValueError, match="activation"):
-        DecoderLayer(8, 2, activation="elu")
+        DecoderLayer(TransformerConfig(dim=8, num_heads=2, activation="elu"))

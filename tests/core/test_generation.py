@@ -10,16 +10,9 @@ import torch
 
 from tk.core.config import build_dataclass
 from tk.core.errors import TkError
-from tk.core.nn.generation import (
-    GenerationConfig,
-    beam_search,
-    generate,
-    greedy_decode,
-    sample,
-    sample_next,
-    top_k_filter,
-    top_p_filter,
-)
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.decoding import sample_next, top_k_filter, top_p_filter
+from tk.core.nn.generation import GenerationConfig, beam_search, generate, greedy_decode, sample
 from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder
 
 PAD, BOS, EOS, V = 0, 1, 2, 24
@@ -35,9 +28,16 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def lm_cfg(dim: int, depth: int, num_heads: int, **kw) -> TransformerConfig:
+    """A GPT-style model (pre-norm, GELU, learned positions) without dropout."""
+    args = dict(dim=dim, depth=depth, num_heads=num_heads, dropout=0.0, activation="gelu", norm_first=True,
+                pos_encoding="learned")
+    return TransformerConfig(**{**args, **kw})
+
+
 def make_lm(pos_encoding: str = "learned") -> DecoderOnlyLM:
     torch.manual_seed(0)
-    lm = DecoderOnlyLM(V, 32, 2, 4, pad_id=PAD, pos_encoding=pos_encoding, tie_embeddings=False, max_len=64)
+    lm = DecoderOnlyLM(lm_cfg(32, 2, 4, pos_encoding=pos_encoding, tie_embeddings=False, max_len=64), V, pad_id=PAD)
     with torch.no_grad():  # peaky, well-separated logits: no near-ties between the two paths
         lm.lm_head.weight.normal_(0.0, 0.4)
     return lm.eval()
@@ -45,10 +45,11 @@ def make_lm(pos_encoding: str = "learned") -> DecoderOnlyLM:
 
 def make_seq2seq() -> EncoderDecoder:
     torch.manual_seed(0)
-    model = EncoderDecoder(
-        V, V, 32, encoder_depth=2, decoder_depth=2, num_heads=4, hidden_dim=64, dropout=0.0, pad_id=PAD,
-        tie_output=False, max_len=64,
+    options = TransformerConfig(
+        dim=32, depth=2, num_heads=4, hidden_dim=64, dropout=0.0, activation="relu", norm_first=False,
+        pos_encoding="sinusoidal", tie_embeddings=False, max_len=64,
     )
+    model = EncoderDecoder(options, V, V, pad_id=PAD)
     with torch.no_grad():
         model.lm_head.weight.normal_(0.0, 0.4)
     return model.eval()
@@ -169,12 +170,12 @@ def bigram_lm(probs: torch.Tensor) -> DecoderOnlyLM:
     token embedding; rotary positions add nothing to it) and ``lm_head`` is solved so that
     ``lm_head(norm(embedding_i)) = log(probs[i])``."""
     n = probs.shape[0]
-    lm = DecoderOnlyLM(n, 4 * n, 1, 2, pos_encoding="rotary", tie_embeddings=False, pad_id=PAD).eval()
+    lm = DecoderOnlyLM(lm_cfg(4 * n, 1, 2, pos_encoding="rotary", tie_embeddings=False), n, pad_id=PAD).eval()
     with torch.no_grad():
-        for p in lm.layers.parameters():
+        for p in lm.decoder.layers.parameters():
             p.zero_()
         lm.tok_embed.weight.copy_(torch.eye(n, 4 * n))
-        h = lm.norm(lm.tok_embed.weight)  # (n, D), rank n
+        h = lm.decoder.norm(lm.tok_embed.weight)  # (n, D), rank n
         lm.lm_head.weight.copy_((torch.linalg.pinv(h) @ probs.log()).T)
     return lm
 
@@ -398,7 +399,7 @@ def test_errors():
         generate(lm, torch.tensor([[PAD, PAD]]), cfg())
     with pytest.raises(ValueError, match="eval mode"):
         generate(lm.train(), prompts, cfg())
-    lm_no_pad = DecoderOnlyLM(V, 16, 1, 2).eval()
+    lm_no_pad = DecoderOnlyLM(lm_cfg(16, 1, 2), V).eval()
     with pytest.raises(TkError, match="needs a pad_id"):
         generate(lm_no_pad, prompts, cfg(pad_id=None))
     with pytest.raises(TkError, match="bos_id"):

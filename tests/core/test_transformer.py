@@ -9,11 +9,27 @@ import torch
 from torch import nn
 
 from tests.core.test_blocks import _randomise_norms, copy_decoder_layer, copy_encoder_layer, copy_linear_norm
+from tk.core.engine.optim import OptimConfig, build_optimizer
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.masks import causal_mask
 from tk.core.nn.pos_embed import sinusoidal_table
 from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder, TransformerDecoder, TransformerEncoder
 
 D, H, FF = 16, 4, 32
+
+
+def seq2seq_cfg(**kw) -> TransformerConfig:
+    """The paper's model (post-norm, ReLU, sinusoidal, tied output) at toy size, no dropout."""
+    args = dict(dim=D, depth=2, num_heads=H, hidden_dim=FF, dropout=0.0, activation="relu", norm_first=False,
+                pos_encoding="sinusoidal")
+    return TransformerConfig(**{**args, **kw})
+
+
+def lm_cfg(**kw) -> TransformerConfig:
+    """A GPT-style model (pre-norm, GELU, learned positions, tied output) at toy size."""
+    args = dict(dim=D, depth=2, num_heads=H, dropout=0.0, activation="gelu", norm_first=True,
+                pos_encoding="learned")
+    return TransformerConfig(**{**args, **kw})
 
 
 def make_torch_transformer(norm_first: bool) -> nn.Transformer:
@@ -44,8 +60,8 @@ def _masks():
 def test_stacks_match_nn_transformer(norm_first):
     torch.manual_seed(0)
     ref = make_torch_transformer(norm_first)
-    enc = TransformerEncoder(D, 2, H, hidden_dim=FF, dropout=0.0, norm_first=norm_first, final_norm=True).eval()
-    dec = TransformerDecoder(D, 2, H, hidden_dim=FF, dropout=0.0, norm_first=norm_first, final_norm=True).eval()
+    options = seq2seq_cfg(norm_first=norm_first, final_norm=True)
+    enc, dec = TransformerEncoder(options).eval(), TransformerDecoder(options).eval()
     copy_transformer(enc, dec, ref)
     src, tgt = torch.randn(2, 7, D), torch.randn(2, 5, D)
     src_kpm, tgt_kpm = _masks()
@@ -59,9 +75,7 @@ def test_stacks_match_nn_transformer(norm_first):
 
 
 def small_seq2seq(**kw) -> EncoderDecoder:
-    args = dict(encoder_depth=2, decoder_depth=2, num_heads=H, hidden_dim=FF, dropout=0.0, pad_id=0)
-    args.update(kw)
-    return EncoderDecoder(11, 13, D, **args).eval()
+    return EncoderDecoder(seq2seq_cfg(**kw), 11, 13, pad_id=0).eval()
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -98,15 +112,16 @@ def test_source_padding_mask_derived_from_pad_id():
 def test_tying_and_sharing():
     m = small_seq2seq()
     assert m.lm_head.weight is m.tgt_embed.weight and m.src_embed is not m.tgt_embed
-    shared = EncoderDecoder(13, 13, D, encoder_depth=1, decoder_depth=1, num_heads=H, share_embeddings=True)
+    shared = EncoderDecoder(seq2seq_cfg(depth=1, share_embeddings=True), 13, 13)
     assert shared.src_embed is shared.tgt_embed is not None and shared.lm_head.weight is shared.src_embed.weight
-    untied = small_seq2seq(tie_output=False)
+    untied = small_seq2seq(tie_embeddings=False)
     assert untied.lm_head.weight is not untied.tgt_embed.weight
     with pytest.raises(ValueError, match=r"src_vocab_size \(11\) and tgt_vocab_size \(13\)"):
-        EncoderDecoder(11, 13, D, num_heads=H, share_embeddings=True)
-    lm = DecoderOnlyLM(17, D, 1, H)
+        EncoderDecoder(seq2seq_cfg(share_embeddings=True), 11, 13)
+    lm = DecoderOnlyLM(lm_cfg(depth=1), 17)
     assert lm.lm_head.weight is lm.tok_embed.weight
-    assert DecoderOnlyLM(17, D, 1, H, tie_embeddings=False).lm_head.weight is not None
+    untied_lm = DecoderOnlyLM(lm_cfg(depth=1, tie_embeddings=False), 17)
+    assert untied_lm.lm_head.weight is not untied_lm.tok_embed.weight
 
 
 def test_seq2seq_no_leakage():
@@ -126,7 +141,7 @@ def test_seq2seq_no_leakage():
 
 def test_lm_no_leakage_and_padding():
     torch.manual_seed(3)
-    lm = DecoderOnlyLM(17, D, 2, H).eval()
+    lm = DecoderOnlyLM(lm_cfg(), 17).eval()
     tokens = torch.randint(1, 17, (1, 8))
     base = lm(tokens)
     for t in range(7):
@@ -144,13 +159,13 @@ def test_lm_no_leakage_and_padding():
 
 
 def test_too_long_sequence_raises():
-    lm = DecoderOnlyLM(17, D, 1, H, max_len=8)
+    lm = DecoderOnlyLM(lm_cfg(depth=1, max_len=8), 17)
     with pytest.raises(ValueError, match=r"sequence length \(9\) exceeds max_len \(8\)"):
         lm(torch.ones(1, 9, dtype=torch.long))
-    extrapolating = DecoderOnlyLM(17, D, 1, H, max_len=8, pos_encoding="sinusoidal")
+    extrapolating = DecoderOnlyLM(lm_cfg(depth=1, max_len=8, pos_encoding="sinusoidal"), 17)
     assert extrapolating(torch.ones(1, 9, dtype=torch.long)).shape == (1, 9, 17)
     with pytest.raises(ValueError, match="pos_encoding"):
-        DecoderOnlyLM(17, D, 1, H, pos_encoding="alibi")
+        DecoderOnlyLM(lm_cfg(depth=1, pos_encoding="alibi"), 17)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +173,7 @@ def test_too_long_sequence_raises():
 )
 def test_lm_cached_decoding_matches_full_with_reorder(kw):
     torch.manual_seed(4)
-    lm = DecoderOnlyLM(17, D, 2, H, max_len=32, **kw).eval()
+    lm = DecoderOnlyLM(lm_cfg(max_len=32, **kw), 17).eval()
     tokens = torch.randint(1, 17, (3, 9))
     idx = torch.tensor([1, 1, 0])
     with torch.no_grad():
@@ -180,7 +195,7 @@ def test_seq2seq_cached_decoding_matches_full_with_reorder(kw):
     model = small_seq2seq(**kw)
     src = torch.tensor([[3, 4, 5, 6, 7], [3, 4, 0, 0, 0], [8, 9, 10, 0, 0]])
     tgt = torch.randint(1, 13, (3, 7))
-    mem_kpm = model.src_padding_mask(src)
+    mem_kpm = model.src_key_padding_mask(src)
     idx = torch.tensor([2, 0, 0])
     with torch.no_grad():
         memory = model.encode(src)
@@ -202,3 +217,21 @@ def test_seq2seq_backward_finite():
     logits.logsumexp(-1).sum().backward()
     assert torch.isfinite(logits).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_layer_ids_for_layer_decay():
+    lm = DecoderOnlyLM(lm_cfg(depth=3), 17)
+    assert lm.num_layers() == 4
+    opt = build_optimizer(lm, OptimConfig(lr=1.0, layer_decay=0.5))
+    lr = {name: g["lr"] for g in opt.param_groups for name in g["param_names"]}
+    assert lr["tok_embed.weight"] == lr["pos.weight"] == 0.5**4  # embeddings: id 0
+    for i in range(3):  # layer i: id i + 1
+        assert lr[f"decoder.layers.{i}.self_attn.qkv.weight"] == 0.5 ** (4 - (i + 1))
+    assert lr["decoder.norm.weight"] == 1.0  # final norm (and the tied head): id 4
+    seq2seq = small_seq2seq(encoder_depth=2, decoder_depth=3, norm_first=True, tie_embeddings=False)
+    ids = {name: seq2seq.layer_id(name) for name, _ in seq2seq.named_parameters()}
+    assert seq2seq.num_layers() == 6
+    assert ids["src_embed.weight"] == ids["tgt_embed.weight"] == 0
+    assert ids["encoder.layers.1.mlp.fc1.weight"] == 2 and ids["encoder.norm.weight"] == 3
+    assert ids["decoder.layers.0.cross_attn.q_proj.weight"] == 3 and ids["decoder.layers.2.norm3.bias"] == 5
+    assert ids["decoder.norm.weight"] == ids["lm_head.weight"] == 6

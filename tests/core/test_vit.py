@@ -4,7 +4,8 @@ import pytest
 import timm
 import torch
 
-from tk.core.engine.optim import OptimConfig, param_groups
+from tk.core.engine.optim import OptimConfig, build_optimizer, param_groups
+from tk.core.nn.config import ViTConfig
 from tk.core.nn.vit import VisionTransformer, convert_timm_vit_state_dict, load_timm_vit
 
 
@@ -121,3 +122,32 @@ def test_drop_path_schedule_and_no_decay_groups():
     no_decay = {n for g in groups if g["weight_decay"] == 0.0 for n in g["param_names"]}
     assert {"pos_embed", "cls_token", "norm.weight", "head.bias"} <= no_decay
     assert "blocks.0.attn.qkv.weight" not in no_decay
+
+
+def test_layer_decay_gives_each_block_its_hand_computed_lr():
+    model = _tiny(depth=4)
+    opt = build_optimizer(model, OptimConfig(lr=1e-3, layer_decay=0.75))
+    lr = {name: g["lr"] for g in opt.param_groups for name in g["param_names"]}
+    assert model.num_layers() == 5  # embeddings 0, blocks 1..4, head 5
+    # 0.75 ** (5 - (i + 1)) for blocks 0..3: 0.75^4, 0.75^3, 0.75^2, 0.75^1
+    for i, scale in enumerate([0.31640625, 0.421875, 0.5625, 0.75]):
+        block = [n for n in lr if n.startswith(f"blocks.{i}.")]
+        assert len(block) == 12 and all(lr[n] == pytest.approx(1e-3 * scale) for n in block)
+    for name in ("patch_embed.proj.weight", "patch_embed.proj.bias", "cls_token", "pos_embed"):
+        assert lr[name] == pytest.approx(1e-3 * 0.2373046875)  # 0.75^5
+    for name in ("norm.weight", "norm.bias", "head.weight", "head.bias"):
+        assert lr[name] == pytest.approx(1e-3)
+    assert len(lr) == len(list(model.parameters()))
+
+
+def test_built_from_a_config_with_overrides():
+    cfg = ViTConfig(dim=32, depth=2, num_heads=4, patch_size=8, mlp_ratio=2.0, bias=False, attn_dropout=0.1,
+                    norm="rmsnorm")
+    model = VisionTransformer(cfg, img_size=32, num_classes=5, drop_path_rate=0.2)
+    assert model.cfg.drop_path_rate == 0.2 and cfg.drop_path_rate == 0.0  # the caller's config is not changed
+    block = model.blocks[1]
+    assert block.attn.qkv.bias is None and block.mlp.fc1.weight.shape == (64, 32)
+    assert block.attn.attn_dropout == 0.1 and block.drop_path1.p == pytest.approx(0.2)
+    assert type(block.norm1).__name__ == "RMSNorm" and type(model.norm).__name__ == "RMSNorm"
+    with pytest.raises(TypeError, match="drop_rate"):
+        VisionTransformer(cfg, drop_rate=0.1)

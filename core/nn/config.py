@@ -1,0 +1,150 @@
+"""Model configs: one :class:`TransformerConfig` passed to every Transformer layer, stack and
+model (nanoGPT's ``GPTConfig``), and :class:`ViTConfig` for the Vision Transformer.
+
+A plugin's ``model:`` section embeds or subclasses these, so a recipe key is a field name.
+The recipe loader calls ``check()`` on every section; the modules call :meth:`validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+ACTIVATIONS = ("gelu", "relu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "none")
+POOLINGS = ("cls", "mean")
+
+
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+@dataclass
+class TransformerConfig:
+    """Shape and regularisation of a Transformer: the ``model:`` section of text models."""
+
+    dim: int = 256  # model width D (token vector size)
+    depth: int = 4  # layers per stack (encoder-decoder: default of encoder_depth and decoder_depth)
+    encoder_depth: int | None = None  # encoder layers of an encoder-decoder; None = depth
+    decoder_depth: int | None = None  # decoder layers of an encoder-decoder; None = depth
+    num_heads: int = 4  # attention (query) heads H; dim must be divisible by it
+    num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None = num_heads, 1 = MQA
+    mlp_ratio: float = 4.0  # feed-forward hidden width / dim (used when hidden_dim is None)
+    hidden_dim: int | None = None  # feed-forward hidden width in units; None = int(dim * mlp_ratio)
+    activation: Literal["relu", "gelu", "swiglu"] = "gelu"  # feed-forward activation
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation layer kind
+    norm_eps: float = 1e-5  # epsilon added inside every norm
+    norm_first: bool = True  # pre-norm (GPT, ViT) if true; post-norm (the 2017 paper) if false
+    final_norm: bool | None = None  # norm after the last layer of each stack; None = norm_first
+    bias: bool = True  # biases in the attention and feed-forward linear layers
+    dropout: float = 0.1  # residual dropout (each sublayer's output) and dropout on the input embeddings
+    attn_dropout: float | None = None  # dropout on attention weights; None = dropout
+    mlp_dropout: float | None = None  # dropout after the feed-forward activation; None = dropout
+    drop_path_rate: float = 0.0  # stochastic depth of the last layer, rising linearly from 0 at the first
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "sinusoidal"  # position information
+    max_len: int = 1024  # positions in the learned/sinusoidal table (tokens); learned raises beyond it
+    tie_embeddings: bool = True  # output projection shares the (target) token embedding weight
+    share_embeddings: bool = False  # encoder-decoder: one embedding for source and target (one joint vocab)
+
+    # -- derived values ----------------------------------------------------------------
+    @property
+    def ffn_dim(self) -> int:
+        """Feed-forward hidden width: ``hidden_dim`` or ``int(dim * mlp_ratio)``."""
+        return self.hidden_dim if self.hidden_dim is not None else int(self.dim * self.mlp_ratio)
+
+    @property
+    def attn_dropout_p(self) -> float:
+        """Dropout on attention weights (``attn_dropout``, default ``dropout``)."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    @property
+    def mlp_dropout_p(self) -> float:
+        """Dropout after the feed-forward activation (``mlp_dropout``, default ``dropout``)."""
+        return self.dropout if self.mlp_dropout is None else self.mlp_dropout
+
+    @property
+    def use_final_norm(self) -> bool:
+        """Whether each stack ends with a norm (``final_norm``, default ``norm_first``)."""
+        return self.norm_first if self.final_norm is None else self.final_norm
+
+    # -- validation --------------------------------------------------------------------
+    def check(self, prefix: str = "model") -> list[str]:
+        """Problems of this config, one line each, keys named as ``{prefix}.field``."""
+        k = partial(_key, prefix)
+        problems = []
+        for name in ("dim", "depth", "num_heads", "max_len"):
+            if getattr(self, name) < 1:
+                problems.append(f"{k(name)} ({getattr(self, name)}) must be >= 1")
+        for name in ("encoder_depth", "decoder_depth", "num_kv_heads", "hidden_dim"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{k(name)} ({value}) must be >= 1 or null")
+        if self.num_heads >= 1 and self.dim % self.num_heads:
+            problems.append(f"{k('dim')} ({self.dim}) must be divisible by {k('num_heads')} ({self.num_heads})")
+        kv = self.num_kv_heads
+        if kv is not None and kv >= 1 and self.num_heads % kv:
+            problems.append(f"{k('num_heads')} ({self.num_heads}) must be divisible by {k('num_kv_heads')} ({kv})")
+        if not self.mlp_ratio > 0:
+            problems.append(f"{k('mlp_ratio')} ({self.mlp_ratio}) must be > 0")
+        for name, allowed in (("activation", ACTIVATIONS), ("norm", NORMS), ("pos_encoding", POS_ENCODINGS)):
+            if getattr(self, name) not in allowed:
+                problems.append(f"{k(name)} ({getattr(self, name)!r}) must be one of {', '.join(allowed)}")
+        if not self.norm_eps > 0:
+            problems.append(f"{k('norm_eps')} ({self.norm_eps}) must be > 0")
+        for name in ("dropout", "attn_dropout", "mlp_dropout", "drop_path_rate"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                problems.append(f"{k(name)} ({value}) must be in [0, 1)")
+        head_dim = self.dim // self.num_heads if self.num_heads >= 1 else 0
+        if self.pos_encoding == "rotary" and head_dim % 2:
+            problems.append(f"{k('pos_encoding')} 'rotary' needs an even head dim, got "
+                            f"{k('dim')} / {k('num_heads')} = {head_dim}")
+        return problems
+
+    def validate(self) -> None:
+        """Raise on any :meth:`check` problem (what modules call when built from code).
+
+        Raises:
+            ValueError: all problems, joined by "; ".
+        """
+        problems = self.check(prefix="")
+        if problems:
+            raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+
+
+@dataclass
+class ViTConfig(TransformerConfig):
+    """A Vision Transformer (timm layout: pre-norm blocks, learned positions); defaults are
+    ViT-B/16. The input size, channels and classes are constructor arguments (data facts)."""
+
+    dim: int = 768  # model width D (token vector size)
+    depth: int = 12  # number of blocks
+    num_heads: int = 12  # attention heads H; dim must be divisible by it
+    norm_eps: float = 1e-6  # epsilon added inside every norm (timm: 1e-6)
+    dropout: float = 0.0  # residual dropout, feed-forward dropout and dropout on the positions (timm drop_rate)
+    attn_dropout: float | None = 0.0  # dropout on attention weights (timm attn_drop_rate); None = dropout
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # only "learned" (a 2-D grid table)
+    patch_size: int = 16  # patch side P in pixels; must divide the image size
+    pooling: Literal["cls", "mean"] = "cls"  # classifier input: class token, or mean of patch tokens then norm
+    distilled: bool = False  # DeiT: add a distillation token and head_dist (needs pooling "cls")
+
+    def check(self, prefix: str = "model") -> list[str]:
+        """:meth:`TransformerConfig.check` plus the ViT's own rules."""
+        k = partial(_key, prefix)
+        problems = super().check(prefix)
+        if self.patch_size < 1:
+            problems.append(f"{k('patch_size')} ({self.patch_size}) must be >= 1")
+        if self.pooling not in POOLINGS:
+            problems.append(f"{k('pooling')} ({self.pooling!r}) must be one of {', '.join(POOLINGS)}")
+        if self.distilled and self.pooling != "cls":
+            problems.append(f"{k('distilled')} needs {k('pooling')} 'cls' (the DeiT heads read the two tokens)")
+        if not self.norm_first:
+            problems.append(f"{k('norm_first')} must be true for the ViT (timm's blocks are pre-norm)")
+        if self.pos_encoding != "learned":
+            problems.append(f"{k('pos_encoding')} ({self.pos_encoding!r}) must be 'learned' for the ViT")
+        for name in ("encoder_depth", "decoder_depth"):
+            if getattr(self, name) is not None:
+                problems.append(f"{k(name)} is not used by the ViT; set {k('depth')} instead")
+        return problems
