@@ -87,10 +87,11 @@ class Task:
         and write it with ``self.files.write_text``).
 
         Args:
-            resume: False only on a fresh training run. True on resume, eval, predict
-                and average: ``load_state_dict`` has run already, and the task files
-                written by the first set-up exist; load them instead of recomputing
-                (a tokenizer must never be retrained there).
+            resume: True where a saved run is rebuilt (resume, eval, predict, average):
+                ``load_state_dict`` has run already and the task files written by the
+                first set-up exist; load them instead of recomputing (a tokenizer must
+                never be retrained there). False on a fresh training run and in
+                ``tk summary`` (which has no run dir: ``self.run_dir`` is None).
         """
 
     def state_dict(self) -> dict[str, Any]:

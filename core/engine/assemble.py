@@ -3,7 +3,8 @@ data and model are built.
 
     1. construct the task with its run dir      Task(cfg, run_dir)
     2. restore its saved state                  task.load_state_dict(...)   (resume, eval, predict, average)
-    3. set it up                                task.setup(resume=...)      (loads task files instead of recomputing)
+    3. set it up                                task.setup(resume=...)      (True where a saved run is rebuilt:
+                                                                             load task files, never recompute)
     4. build the data                           loaders, datasets           (train, resume, eval, summary)
     5. build the model                          task.build_model()
     6. load pretrained weights                  task.init_pretrained(model) (a fresh training run only)
@@ -28,6 +29,7 @@ __all__ = ["Mode", "AssembledRun", "assemble", "MODES"]
 
 Mode = Literal["train", "resume", "eval", "predict", "summary", "average"]
 MODES = ("train", "resume", "eval", "predict", "summary", "average")
+RESTORING = ("resume", "eval", "predict", "average")  # modes that rebuild a saved run
 
 
 @dataclass
@@ -64,7 +66,7 @@ def assemble(cfg: RunConfig, task_cls: type[Task], run_dir: str | Path | None, m
     if state is not None:
         task.load_state_dict(state.get("task_state") or {})
     with main_first():
-        task.setup(resume=mode != "train")
+        task.setup(resume=mode in RESTORING)
         data = build_data(task) if build_data is not None else None
     model = task.build_model()
     if mode == "train":
