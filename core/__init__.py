@@ -39,6 +39,12 @@ _EXPORTS: dict[str, str] = {
     "OptimConfig": "engine.optim", "build_optimizer": "engine.optim", "ScheduleConfig": "engine.schedule",
     "build_scheduler": "engine.schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
     "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint",
+    # the run lifecycle, task files, evaluation context, metrics, loading runs
+    "EvalContext": "step", "TaskFiles": "artifacts", "assemble": "engine.assemble", "AssembledRun": "engine.assemble",
+    "MetricCollection": "metrics", "param_groups": "engine.optim", "move_to_device": "engine.device",
+    "load_run": "engine.inference", "evaluate_run": "engine.inference", "average_run": "engine.inference",
+    "TrainingInterrupted": "engine.signals", "TrainingFailed": "engine.signals",
+    "main_process_first": "engine.distributed", "is_main_process": "engine.distributed",
     # prediction, plugin discovery, config docs
     "predict_run": "engine.inference", "discover_commands": "registry", "field_docs": "docs",
 }
