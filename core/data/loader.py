@@ -192,8 +192,9 @@ def build_loader(dataset: Dataset, spec: LoaderSpec, collate_fn: Callable[[list]
     and workers seeded per batch (:class:`WorkerSeeding`).
 
     An ``IterableDataset`` gets no sampler: it must shard itself across ranks
-    (``spec.rank``/``spec.world_size``) and workers (``torch.utils.data.get_worker_info``),
-    and the engine resumes it by replaying the consumed batches.
+    (``spec.rank``/``spec.world_size``) and workers (``torch.utils.data.get_worker_info``);
+    the engine calls its ``set_epoch`` (if any) each pass and resumes it by replaying the
+    consumed batches (it cannot start mid-pass).
 
     Args:
         dataset: the split's dataset.
@@ -206,7 +207,7 @@ def build_loader(dataset: Dataset, spec: LoaderSpec, collate_fn: Callable[[list]
         batching: dict[str, Any] = {"batch_sampler": batch_sampler}
         position = batch_sampler
     elif isinstance(dataset, IterableDataset):
-        batching, position = {"batch_size": spec.batch_size, "drop_last": spec.drop_last}, None
+        batching, position = {"batch_size": spec.batch_size, "drop_last": spec.drop_last}, dataset
     else:
         position = build_sampler(dataset, spec)
         batching = {"batch_size": spec.batch_size, "sampler": position, "drop_last": spec.drop_last}

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from tk.core.engine.checkpoint import preserved_rng
 from tk.core.engine.distributed import comm_device
@@ -56,7 +56,8 @@ class BatchStream:
     so the batches and random numbers after a resume match an uninterrupted run.
 
     Args:
-        loader: the training loader (samplers with ``set_epoch`` get the pass number).
+        loader: the training loader (its sampler, batch sampler or IterableDataset gets
+            the pass number through ``set_epoch`` where they have one).
         batches_per_epoch: micro-batches used per pass (None: all the loader yields).
         seed: base seed for DataLoader worker seeds; rank: the process rank.
     """
@@ -97,7 +98,10 @@ class BatchStream:
 
     def _open(self) -> Iterator:
         with preserved_rng():
-            for part in (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None)):
+            dataset = getattr(self.loader, "dataset", None)
+            parts = (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None),
+                     dataset if isinstance(dataset, IterableDataset) else None)  # it orders itself
+            for part in parts:
                 if hasattr(part, "set_epoch"):
                     part.set_epoch(self.epoch)
             seeked = self.batch == 0 or self._seek()
