@@ -71,6 +71,7 @@ class _Resumable:
         self.epoch, self.start = int(epoch), 0
 
     def state_dict(self) -> dict[str, int]:
+        """The position the next pass starts at (the engine records consumed batches itself)."""
         return {"epoch": self.epoch, "batch": self.start}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

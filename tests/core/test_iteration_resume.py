@@ -83,7 +83,8 @@ def test_sigkill_and_resume_is_exact_and_loads_no_skipped_item(env, monkeypatch)
                              "data.delay=0.05"], env={**os.environ, "PYTHONPATH": path},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "step_00000008.pt").exists():
+    # step 9's file exists only after last.pt points to step 8 or later
+    while not (run_dir / "checkpoints" / "step_00000009.pt").exists():
         assert proc.poll() is None, f"the run ended before the test could kill it: {proc.communicate()}"
         assert time.monotonic() < deadline, "timed out waiting for the run"
         time.sleep(0.01)
