@@ -180,7 +180,8 @@ class WorkerSeeding:
 
     def _seed(self) -> None:
         epoch = getattr(self.sampler, "epoch", 0)
-        state = np.random.SeedSequence([self.seed, epoch, self.rank, self._next]).generate_state(2)
+        keys = [k % 2**64 for k in (self.seed, epoch, self.rank, self._next)]  # SeedSequence takes no negatives
+        state = np.random.SeedSequence(keys).generate_state(2)
         random.seed(int(state[0]))
         np.random.seed(int(state[1]))
         torch.manual_seed(int(state[0]))

@@ -27,6 +27,11 @@ from tk.core.errors import TkError
 __all__ = ["RandomBlockSampler", "RandomIndexSampler", "TokenBudgetBatchSampler"]
 
 
+def _rng(*keys: int) -> np.random.Generator:
+    """A generator seeded by ``keys`` alone (negative seeds wrap: SeedSequence takes none)."""
+    return np.random.default_rng([k % 2**64 for k in keys])
+
+
 def _check_shard(rank: int, world_size: int) -> None:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank ({rank}) must be in [0, world_size) with world_size ({world_size}) >= 1")
@@ -159,7 +164,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     def pass_batches(self, epoch: int | None = None) -> list[list[int]]:
         """All batches of pass ``epoch`` (default: the current one) for every process, in
         order; this process gets items ``rank::world_size`` of it."""
-        rng = np.random.default_rng([self.seed, self.epoch if epoch is None else epoch])
+        rng = _rng(self.seed, self.epoch if epoch is None else epoch)
         if self.shuffle:
             order = np.lexsort((rng.permutation(len(self._sizes)), self._sizes))  # by length, random ties
         else:
@@ -212,7 +217,7 @@ class RandomIndexSampler(Sampler[list[int]]):
 
     def batch(self, k: int) -> list[int]:
         """Batch number ``k`` of this process."""
-        rng = np.random.default_rng([self.seed, self.rank, k])
+        rng = _rng(self.seed, self.rank, k)
         return rng.integers(0, self.num_items, self.batch_size).tolist()
 
     def state_dict(self) -> dict[str, int]:
@@ -253,6 +258,7 @@ class RandomBlockSampler(RandomIndexSampler):
         self.num_tokens, self.block_size = num_tokens, block_size
 
     @classmethod
-    def from_spec(cls, spec: LoaderSpec, num_tokens: int, block_size: int) -> RandomBlockSampler:  # type: ignore[override]
+    def from_spec(  # type: ignore[override]
+            cls, spec: LoaderSpec, num_tokens: int, block_size: int) -> RandomBlockSampler:
         """The sampler for a :class:`LoaderSpec` (batch size, seed and rank from it)."""
         return cls(num_tokens, block_size, spec.batch_size, seed=spec.seed, rank=spec.rank)

@@ -301,8 +301,8 @@ class Trainer:
             p["best_value"], p["best_step"], p["evals_since_best"] = value, self.step, 0
         else:
             p["evals_since_best"] += 1
-        self.log.metrics({"step": self.step, "epoch": self.step / self.steps_per_epoch if self.steps_per_epoch else None,
-                          "split": "val", **results})
+        epoch = self.step / self.steps_per_epoch if self.steps_per_epoch else None  # None: no epochs
+        self.log.metrics({"step": self.step, "epoch": epoch, "split": "val", **results})
         shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
         self.log.echo(f"step {self.step}/{self.total_steps}  {shown}" + ("  (best)" if improved else ""))
         return results, value
