@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tk.core import LoaderSpec, RandomBlockSampler, RandomIndexSampler, TkError, TokenBudgetBatchSampler, build_loader
-from tk.core.engine.batches import BatchStream
+from tk.core.engine.batches import BatchStream, agreed_length
 
 from ..conftest import make_distribution
 
@@ -197,7 +197,7 @@ def test_workers_resumed_mid_pass_draw_the_same_augmentations(batching):
 
 RECIPE = """\
 task: toy_text
-data: {num_train: 240, num_val: 48, batching: tokens, max_tokens: 96, mean_log_len: 2.5}
+data: {num_train: 230, num_val: 48, batching: tokens, max_tokens: 96, mean_log_len: 2.5}
 model: {hidden: 32}
 optim: {lr: 0.01}
 train: {epochs: 2, log_every: 1, progress: false, device: cpu}
@@ -223,9 +223,24 @@ def test_two_gloo_processes_train_on_token_budgets_without_a_hang(tmp_path):
         from tk_toy_text import ToyTextData, make_sequences
     finally:
         sys.path.remove(str(site))
-    d = ToyTextData(num_train=240, mean_log_len=2.5)
-    lengths = [len(s) for s in make_sequences(240, d, d.seed + 1)]
+    d = ToyTextData(num_train=230, mean_log_len=2.5)
+    lengths = [len(s) for s in make_sequences(230, d, d.seed + 1)]
     per_epoch = len(TokenBudgetBatchSampler(lengths, 96, world_size=2))
+    assert len(TokenBudgetBatchSampler(lengths, 96)) == 2 * per_epoch - 1  # odd: one batch was halved
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["split"] == "val"] == [per_epoch, 2 * per_epoch]
     assert [r["step"] for r in records if r["split"] == "train"] == list(range(1, 2 * per_epoch + 1))
+
+
+def _agree(rank, init, out):
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        (out / f"{rank}.json").write_text(json.dumps(agreed_length([[0]] * (5 + rank), 2)))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_processes_agree_on_the_fewest_batches_per_pass(tmp_path):
+    torch.multiprocessing.spawn(_agree, args=(f"file://{tmp_path / 'rendezvous'}", tmp_path), nprocs=2)
+    assert [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)] == [[5, 6], [5, 6]]
