@@ -32,7 +32,11 @@ _EXPORTS: dict[str, str] = {
     "greedy_decode": "nn.generation",
     "beam_search": "nn.generation", "sample": "nn.generation",
     # the task contract and the engine
-    "Task": "task", "StepOutput": "step", "LoaderSpec": "data.loader", "TkError": "errors",
+    "Task": "task", "StepOutput": "step", "TkError": "errors",
+    # data loading
+    "LoaderSpec": "data.loader", "build_loader": "data.loader", "build_sampler": "data.loader",
+    "WorkerSeeding": "data.loader", "TokenBudgetBatchSampler": "data.samplers",
+    "RandomIndexSampler": "data.samplers", "RandomBlockSampler": "data.samplers",
     "RunConfig": "config", "TrainConfig": "config", "load_config": "recipe",
     "available_tasks": "registry", "load_task": "registry",
     "Trainer": "engine.train", "Metric": "metrics", "Accuracy": "metrics", "Mean": "metrics",

@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
 
 from tk.core.engine.checkpoint import preserved_rng
+from tk.core.engine.distributed import comm_device
 from tk.core.errors import TkError
 
-__all__ = ["BatchStream", "FixedBatches"]
+__all__ = ["BatchStream", "FixedBatches", "agreed_length", "loader_length"]
+
+
+def loader_length(loader: Any) -> int | None:
+    """``len(loader)``, or None for a loader without one (an ``IterableDataset``, or an
+    endless sampler such as :class:`tk.core.data.samplers.RandomIndexSampler`)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def agreed_length(loader: Any, world_size: int) -> tuple[int | None, int | None]:
+    """(fewest, most) batches per pass over all processes (a collective when
+    ``world_size > 1``); (None, None) for a loader without a length."""
+    n = loader_length(loader)
+    if world_size == 1 or n is None:
+        return n, n
+    buf = torch.tensor([n, -n], device=comm_device())
+    dist.all_reduce(buf, op=dist.ReduceOp.MIN)
+    return int(buf[0]), -int(buf[1])
 
 
 class BatchStream:
@@ -19,20 +42,27 @@ class BatchStream:
     Each pass is cut to ``batches_per_epoch`` (a multiple of ``grad_accum``): the last
     few micro-batches that cannot fill an update are dropped, so an update never mixes
     two passes, and ``grad_accum=4, batch_size=8`` sees exactly the samples of
-    ``grad_accum=1, batch_size=32`` in every update (same sampler order).
+    ``grad_accum=1, batch_size=32`` in every update (same sampler order). With
+    ``batches_per_epoch=None`` (a loader without a length) a pass lasts until the loader
+    is exhausted, which an endless sampler never is.
 
     The order of a pass is a pure function of (seed, epoch) (the samplers of
-    ``tk.core.data.loader``); on resume the pass is replayed and the consumed batches are
-    loaded and dropped, with the RNG states preserved around both, so the batches and
-    the random numbers after a resume match an uninterrupted run.
+    ``tk.core.data``). On resume mid-pass, a resumable sampler (``load_state_dict``: the
+    batch samplers of ``tk.core.data.samplers``, the item samplers of
+    ``tk.core.data.loader`` under a DataLoader of the same batch size) starts after the
+    consumed batches by index: no item of them is loaded or collated. Any other loader is
+    replayed (its consumed batches loaded and dropped). RNG states are preserved around
+    both, and loader workers are seeded per batch (``tk.core.data.loader.WorkerSeeding``),
+    so the batches and random numbers after a resume match an uninterrupted run.
 
     Args:
-        loader: the training loader (samplers with ``set_epoch`` get the pass number).
-        batches_per_epoch: micro-batches used per pass.
+        loader: the training loader (its sampler, batch sampler or IterableDataset gets
+            the pass number through ``set_epoch`` where they have one).
+        batches_per_epoch: micro-batches used per pass (None: all the loader yields).
         seed: base seed for DataLoader worker seeds; rank: the process rank.
     """
 
-    def __init__(self, loader, batches_per_epoch: int, seed: int = 0, rank: int = 0) -> None:
+    def __init__(self, loader, batches_per_epoch: int | None, seed: int = 0, rank: int = 0) -> None:
         self.loader = loader
         self.batches_per_epoch = batches_per_epoch
         self.seed, self.rank = seed, rank
@@ -50,33 +80,55 @@ class BatchStream:
     def next(self) -> Any:
         """The next micro-batch (on the host)."""
         for _ in range(2):
-            if self.batch >= self.batches_per_epoch:
-                self.epoch, self.batch, self._it = self.epoch + 1, 0, None
+            if self.batches_per_epoch is not None and self.batch >= self.batches_per_epoch:
+                self._next_pass()
             if self._it is None:
                 self._it = self._open()
             try:
                 batch = next(self._it)
             except StopIteration:  # the loader gave fewer batches than expected this pass
-                self.batch = self.batches_per_epoch
+                self._next_pass()
                 continue
             self.batch += 1
             return batch
         raise TkError(f"the training loader yielded no batches in pass {self.epoch}; check the train split")
 
+    def _next_pass(self) -> None:
+        self.epoch, self.batch, self._it = self.epoch + 1, 0, None
+
     def _open(self) -> Iterator:
         with preserved_rng():
-            for part in (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None)):
+            dataset = getattr(self.loader, "dataset", None)
+            parts = (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None),
+                     dataset if isinstance(dataset, IterableDataset) else None)  # it orders itself
+            for part in parts:
                 if hasattr(part, "set_epoch"):
                     part.set_epoch(self.epoch)
+            seeked = self.batch == 0 or self._seek()
             if isinstance(self.loader, DataLoader):
                 # DataLoader draws its worker seed from the global RNG unless it has a
                 # generator; a (seed, rank, epoch) one keeps the global stream untouched.
                 self.loader.generator = torch.Generator().manual_seed(
                     (self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank)
             it = iter(self.loader)
-            for _ in range(self.batch):  # resume mid-pass
-                next(it)
+            if not seeked:  # the loader cannot start mid-pass: replay the consumed batches
+                for _ in range(self.batch):
+                    next(it)
         return it
+
+    def _seek(self) -> bool:
+        """Start the pass at ``self.batch`` by index, if the loader's sampler can."""
+        batch_sampler = getattr(self.loader, "batch_sampler", None)
+        sampler = getattr(self.loader, "sampler", None)
+        if callable(getattr(batch_sampler, "load_state_dict", None)):
+            target = batch_sampler
+        elif callable(getattr(sampler, "load_state_dict", None)) \
+                and getattr(sampler, "batch_size", None) == getattr(self.loader, "batch_size", False):
+            target = sampler  # an item sampler counting in batches of the loader's size
+        else:
+            return False
+        target.load_state_dict({"epoch": self.epoch, "batch": self.batch})
+        return True
 
 
 class FixedBatches:

@@ -12,6 +12,7 @@ from torch import nn
 
 from tk.core.data.loader import LoaderSpec
 from tk.core.engine.assemble import assemble
+from tk.core.engine.batches import loader_length
 from tk.core.engine.checkpoint import (
     average_checkpoints,
     export_safetensors,
@@ -143,7 +144,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "va
     spec = LoaderSpec(batch_size=t.eval_batch_size or t.batch_size, num_workers=t.num_workers, seed=t.seed,
                       pin_memory=device.type == "cuda")
     task, model, loader = _assemble_saved(run_dir, saved, "eval", lambda task: task.build_loader(split, spec))
-    if len(loader) == 0:
+    if loader_length(loader) == 0:
         raise TkError(f"the {split} split yields no batches; check the task's data settings")
     step = saved.state.get("step") or 0
     ctx = EvalContext(split, step, "standalone")

@@ -30,7 +30,7 @@ from torch import nn
 from tk.core.config import RunConfig, config_diff
 from tk.core.data.loader import LoaderSpec
 from tk.core.engine.assemble import assemble
-from tk.core.engine.batches import BatchStream, FixedBatches
+from tk.core.engine.batches import BatchStream, FixedBatches, agreed_length, loader_length
 from tk.core.engine.checkpoint import (
     CheckpointManager,
     capture_rng_state,
@@ -133,8 +133,8 @@ class Trainer:
         )
         with preserved_rng():  # building data never shifts the training random numbers
             loader = task.build_loader(split, spec)
-        if len(loader) == 0:
-            size = len(loader.dataset) if hasattr(loader, "dataset") else "?"
+        if loader_length(loader) == 0:
+            size = loader_length(getattr(loader, "dataset", None)) or "?"
             raise TkError(f"the {split} split yields no batches ({size} samples, batch size "
                           f"{spec.batch_size} x {self.world_size} processes); add data or lower "
                           f"train.{'batch_size' if training else 'eval_batch_size'}")
@@ -156,9 +156,19 @@ class Trainer:
         t = self.tcfg
         if t.overfit_batches:
             return FixedBatches(self.train_loader, t.overfit_batches), max(1, t.overfit_batches // t.grad_accum)
-        steps = len(self.train_loader) // t.grad_accum
+        fewest, most = agreed_length(self.train_loader, self.world_size)
+        if fewest is None:  # no len(): an IterableDataset or an endless sampler (RandomIndexSampler)
+            if t.max_steps is None:
+                raise TkError("train.max_steps: the train loader has no length (an IterableDataset or a sampler "
+                              "without __len__), so train.epochs cannot be counted; set train.max_steps (and "
+                              "train.eval_every to evaluate before the end)")
+            return BatchStream(self.train_loader, None, t.seed, self.rank), None
+        if fewest != most:  # DDP needs the same number of updates everywhere
+            self.log.echo(f"note: the train loader yields {fewest} to {most} batches per process; every process "
+                          f"uses {fewest} per pass")
+        steps = fewest // t.grad_accum
         if steps == 0:
-            raise TkError(f"train.grad_accum ({t.grad_accum}) is larger than the {len(self.train_loader)} "
+            raise TkError(f"train.grad_accum ({t.grad_accum}) is larger than the {fewest} "
                           f"batches of one pass over the train split; lower train.grad_accum or train.batch_size")
         return BatchStream(self.train_loader, steps * t.grad_accum, t.seed, self.rank), steps
 
@@ -310,7 +320,8 @@ class Trainer:
             p["best_value"], p["best_step"], p["evals_since_best"] = value, self.step, 0
         else:
             p["evals_since_best"] += 1
-        self.log.metrics({"step": self.step, "epoch": self.step / self.steps_per_epoch, "split": "val", **results})
+        epoch = self.step / self.steps_per_epoch if self.steps_per_epoch else None  # None: no epochs
+        self.log.metrics({"step": self.step, "epoch": epoch, "split": "val", **results})
         shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
         self.log.echo(f"step {self.step}/{self.total_steps}  {shown}" + ("  (best)" if improved else ""))
         return results, value
@@ -478,10 +489,11 @@ class Trainer:
             return True
         if self.tcfg.eval_every is not None:
             return self.step % self.tcfg.eval_every == 0
-        return self.step % self.steps_per_epoch == 0
+        return self.steps_per_epoch is not None and self.step % self.steps_per_epoch == 0  # None: at the end
 
     def _log_train(self, window: list[dict[str, float]], clock: Throughput, bar: ProgressBar | None) -> None:
-        record = {"step": self.step, "epoch": self.step / self.steps_per_epoch, **window_record(window, clock)}
+        record = {"step": self.step, "epoch": self.step / self.steps_per_epoch if self.steps_per_epoch else None,
+                  **window_record(window, clock)}
         eta = (self.total_steps - self.step) * record.pop("_seconds_per_step")
         if self.precision.scaling is not None:
             record["loss_scale"] = self.precision.scaling.get_scale()
@@ -500,4 +512,4 @@ class Trainer:
             f"task {self.cfg.task}: {type(self.model).__name__} with {total:,} parameters "
             f"({trainable:,} trainable, {format_bytes(4 * total)} in fp32) on {self.device} ({t.precision}); "
             f"{self.total_steps} updates of {t.batch_size} x {t.grad_accum} x {self.world_size} samples "
-            f"({self.steps_per_epoch} updates per epoch)" + (f"; {', '.join(extras)}" if extras else ""))
+            f"({self.steps_per_epoch or 'no'} updates per epoch)" + (f"; {', '.join(extras)}" if extras else ""))
