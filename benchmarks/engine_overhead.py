@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from tk.core.data.loader import LoaderSpec
 from tk.core.engine.optim import build_optimizer
 from tk.core.engine.schedule import build_scheduler
 from tk.core.engine.train import Trainer
@@ -137,8 +138,6 @@ def time_engine(cfg) -> tuple[float, float, list[float]]:
 def time_bare(cfg) -> tuple[float, float, list[float]]:
     """Seconds of a hand-written loop over the same model, loader and optimiser, CPU
     seconds, and the per-update intervals."""
-    from tk.core.data.loader import LoaderSpec
-
     torch.manual_seed(cfg.train.seed)
     task = BenchTask(cfg)
     loader = task.build_loader("train", LoaderSpec(batch_size=cfg.train.batch_size, shuffle=True, drop_last=True))
