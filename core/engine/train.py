@@ -172,7 +172,7 @@ class Trainer:
                 batch = self.task.transform_batch(batch, training=True)
                 out = self.task.loss(self.train_model, batch)
             loss = out.loss
-            if prescale:
+            if prescale:  # see _prescale
                 loss = loss / (out.num_items.clamp(min=1) if torch.is_tensor(out.num_items) else max(out.num_items, 1))
             self.precision.backward(loss)
         if meter is not None:  # the first micro-batch only
