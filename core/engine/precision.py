@@ -197,7 +197,7 @@ class Precision:
         grad_norm = scale * math.hypot(*host[head:])  # the norm of grads * scale
         if math.isfinite(grad_norm):
             factor = scale if max_norm is None else scale * min(1.0, max_norm / (grad_norm + 1e-6))
-            if factor != 1.0:
+            if factor != 1.0 and grads:
                 torch._foreach_mul_(grads, factor)
         finite = math.isfinite(host[0]) and math.isfinite(grad_norm)
         if self.scaling:  # the GradScaler skips steps with inf/NaN gradients itself

@@ -59,6 +59,12 @@ def test_fp32_update_is_scale_clip_step_as_torch_does_it(max_norm):
     assert p.skipped_steps == 0 and p.log_record() == {}
 
 
+def test_an_update_without_gradients_steps_nothing_and_reports_a_zero_norm():
+    model, opt, _ = _setup()
+    update = Precision("fp32", "cpu").apply_update(opt, [], torch.tensor(2.0), scale=0.5, max_norm=1.0)
+    assert update.took_step and update.grad_norm == 0.0 and update.loss == 2.0
+
+
 def test_fp32_update_skips_a_nan_gradient_and_says_why():
     model, opt, x = _setup()
     p = Precision("fp32", "cpu")
