@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "RunConfig": "config", "TrainConfig": "config", "load_config": "recipe",
     "available_tasks": "registry", "load_task": "registry",
     "Trainer": "engine.train", "Metric": "metrics", "Accuracy": "metrics", "Mean": "metrics",
+    "cross_entropy_sum": "losses", "kl_distillation_loss": "losses",
     "OptimConfig": "engine.optim", "build_optimizer": "engine.optim", "ScheduleConfig": "engine.schedule",
     "build_scheduler": "engine.schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
     "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint",

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tk.core.engine.precision import Precision
+from tk.core.engine.precision import check_precision
 from tk.core.errors import TkError
 
 __all__ = ["resolve_device", "preflight", "seed_everything", "enable_grad_checkpointing", "move_to_device"]
@@ -34,7 +34,9 @@ def preflight(cfg) -> torch.device:
     """Checks that need the machine (device, precision support), run before a run
     directory is created. Raises TkError."""
     device = resolve_device(cfg.train.device)
-    Precision(cfg.train.precision, device)
+    problem = check_precision(cfg.train.precision, device)
+    if problem:
+        raise TkError(problem)
     return device
 
 

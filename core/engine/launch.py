@@ -20,7 +20,7 @@ from typing import Callable
 
 from tk.core.engine.device import preflight
 from tk.core.engine.distributed import cleanup, init_distributed
-from tk.core.engine.precision import Precision
+from tk.core.engine.precision import check_precision
 from tk.core.engine.train import Trainer
 from tk.core.errors import TkError
 from tk.core.recipe import load_config
@@ -171,10 +171,10 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
     cfg, task_cls = load_config(recipe, list(overrides))
     dist = _init_distributed(cfg.train.device)
     try:
-        if dist is None:
-            preflight(cfg)  # device and precision problems, before anything is written
-        else:
-            Precision(cfg.train.precision, dist.device)
+        # device and precision problems, before anything is written
+        problem = preflight(cfg) if dist is None else check_precision(cfg.train.precision, dist.device)
+        if isinstance(problem, str):
+            raise TkError(problem)
         is_main = dist is None or dist.rank == 0
 
         existed = Path(cfg.output_dir).exists()

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Literal
 import torch
 from torch import nn
 
-__all__ = ["OptimConfig", "build_optimizer", "param_groups", "scale_and_clip_"]
+__all__ = ["OptimConfig", "build_optimizer", "param_groups"]
 
 
 @dataclass
@@ -193,34 +193,3 @@ def iter_group_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor
     """All parameters of ``optimizer`` (e.g. for gradient clipping)."""
     for group in optimizer.param_groups:
         yield from group["params"]
-
-
-def scale_and_clip_(grads: list[torch.Tensor], scale: float | torch.Tensor, max_norm: float | None) -> torch.Tensor:
-    """Multiply ``grads`` by ``scale`` and clip their global L2 norm to ``max_norm``, in
-    one pass over the gradients (in place).
-
-    Args:
-        grads: the gradients.
-        scale: e.g. ``world_size / items`` (1.0 when the loss was normalised already).
-        max_norm: clipping threshold (None: no clipping).
-
-    Returns:
-        The global norm of ``grads * scale`` before clipping, a 0-dim tensor (reading
-        it is the caller's host sync). A non-finite norm clips nothing, so the
-        non-finite gradient stays findable.
-    """
-    if not grads:
-        return torch.zeros(())
-    norms = torch._foreach_norm(grads)
-    try:
-        norm = torch.linalg.vector_norm(torch.stack(norms).float()) * scale
-    except RuntimeError:  # gradients of mixed dtypes
-        norm = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) * scale
-    factor = scale
-    if max_norm is not None:
-        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        factor = scale * torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
-    if torch.is_tensor(factor) or factor != 1.0:
-        factor = factor if torch.is_tensor(factor) else torch.tensor(factor, device=grads[0].device)
-        torch._foreach_mul_(grads, factor.float())
-    return norm

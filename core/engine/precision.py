@@ -1,4 +1,5 @@
-"""Mixed precision: autocast contexts and fp16 loss scaling behind one small object.
+"""Mixed precision: autocast contexts, fp16 loss scaling and the optimizer update
+(unscale -> scale/clip -> step -> scale update) behind one small object.
 
 Mixed precision training: https://arxiv.org/abs/1710.03740
 torch.amp: https://pytorch.org/docs/stable/amp.html
@@ -7,13 +8,14 @@ torch.amp: https://pytorch.org/docs/stable/amp.html
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Mapping
+import math
+from typing import Any, ContextManager, Mapping, NamedTuple, Sequence
 
 import torch
 
 from tk.core.errors import TkError
 
-__all__ = ["Precision", "LossScaling"]
+__all__ = ["Precision", "LossScaling", "UpdateResult", "check_precision"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -86,39 +88,61 @@ class LossScaling:
         self.skipped_steps = int(state.get("skipped_steps", 0))
 
 
+def check_precision(name: str, device: torch.device | str) -> str | None:
+    """Whether ``train.precision=name`` can run on ``device``: the one precision check.
+
+    Returns:
+        None when it can; else a one-line message naming ``train.precision``, the value
+        and the fix (raise it as a ``TkError``).
+    """
+    if name not in _DTYPES:
+        return f"train.precision must be one of {sorted(_DTYPES)}, got {name!r}"
+    device = torch.device(device)
+    if name == "fp16" and device.type != "cuda":
+        return f"train.precision: fp16 needs a CUDA device (got {device.type!r}); use bf16 on CPU"
+    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return (f"train.precision: bf16 is not supported by {torch.cuda.get_device_name(device)}; "
+                "use fp16 (loss scaling) or fp32")
+    return None
+
+
+class UpdateResult(NamedTuple):
+    """What :meth:`Precision.apply_update` did, with host copies of its numbers."""
+
+    took_step: bool  # the optimizer step was applied
+    skipped_because: str | None  # None, "overflow" (fp16: inf gradients from a finite loss; the
+    # scaler lowers its scale, expected now and then) or "non-finite" (loss or gradients NaN/inf)
+    loss: float  # the ``loss`` given, on the host
+    grad_norm: float  # global norm of grads * scale before clipping (fp16's loss scale removed)
+    extras: list[float]  # the ``extras`` given, on the host
+
+
 class Precision:
     """Numeric precision of a run: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"``
-    (autocast + loss scaling, CUDA only).
+    (autocast + loss scaling, CUDA only). It owns the fp16 decisions, so the engine
+    calls :meth:`backward` per micro-batch and :meth:`apply_update` per update whatever
+    the precision.
 
-    With fp32/bf16 the scaling methods are plain ``loss.backward()`` /
-    ``optimizer.step()`` (bf16 has fp32's exponent range, so no scaling is needed).
+    bf16 has fp32's exponent range, so it needs no scaling.
 
     Args:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (``train.precision``).
         device: the training device.
 
     Raises:
-        TkError: unknown precision, fp16 off CUDA, or bf16 on a GPU without bf16 support.
+        TkError: see :func:`check_precision`.
     """
 
     def __init__(self, precision: str, device: torch.device | str) -> None:
-        if precision not in _DTYPES:
-            raise TkError(f"train.precision must be one of {sorted(_DTYPES)}, got {precision!r}")
+        problem = check_precision(precision, device)
+        if problem:
+            raise TkError(problem)
         self.name = precision
         self.device = torch.device(device)
         self.dtype = _DTYPES[precision]
-        self.scaling: LossScaling | None = None
-        if precision == "fp16":
-            if self.device.type != "cuda":
-                raise TkError(
-                    f"train.precision: fp16 needs a CUDA device (got {self.device.type!r}); use bf16 on CPU"
-                )
-            self.scaling = LossScaling(torch.amp.GradScaler("cuda"))
-        if precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise TkError(
-                f"train.precision: bf16 is not supported by {torch.cuda.get_device_name(self.device)}; "
-                "use fp16 (loss scaling) or fp32"
-            )
+        self.scaling: LossScaling | None = LossScaling(torch.amp.GradScaler("cuda")) if precision == "fp16" else None
+        # appended to the message that stops a run after repeated non-finite steps
+        self.non_finite_hint = " fp16 overflows easily: try train.precision=bf16." if precision == "fp16" else ""
 
     @property
     def skipped_steps(self) -> int:
@@ -138,22 +162,57 @@ class Precision:
         else:
             loss.backward()
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Make ``.grad`` hold true gradients (call before clipping or reading norms)."""
+    def apply_update(self, optimizer: torch.optim.Optimizer, grads: list[torch.Tensor], loss: torch.Tensor, *,
+                     scale: float | torch.Tensor = 1.0, max_norm: float | None = None,
+                     extras: Sequence[torch.Tensor] = ()) -> UpdateResult:
+        """One optimizer update: unscale (fp16) -> multiply by ``scale`` and clip the
+        global norm to ``max_norm`` -> step unless the loss or gradients are inf/NaN ->
+        adjust the loss scale (fp16; the GradScaler decides whether to step).
+
+        One host sync, before any gradient is changed, brings back the loss, ``scale``,
+        ``extras`` and the per-tensor gradient norms; the global norm, the clipping
+        factor and the step decision are then host arithmetic, and scaling and clipping
+        are one in-place multiply (none when the factor is 1).
+
+        Args:
+            optimizer: the optimizer over ``grads``' parameters.
+            grads: the (accumulated) gradients, e.g. ``[p.grad for p in params if p.grad is not None]``.
+            loss: 0-dim tensor, the loss the gradients came from (its finiteness is checked).
+            scale: gradient multiplier, e.g. ``world_size / items`` (1.0: already normalised);
+                a 0-dim tensor is read in the same sync.
+            max_norm: clip the global norm of the scaled gradients to it, as
+                ``torch.nn.utils.clip_grad_norm_`` does (None: no clipping). A non-finite
+                norm clips nothing, so the non-finite gradient stays findable.
+            extras: 0-dim tensors to bring to the host in the same sync (numbers to log).
+
+        Returns:
+            An :class:`UpdateResult`.
+        """
         if self.scaling:
             self.scaling.unscale_(optimizer)
-
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Optimizer step; returns False when fp16 skipped it for inf/NaN gradients."""
-        if self.scaling:
-            return self.scaling.step(optimizer)
-        optimizer.step()
-        return True
-
-    def update(self) -> None:
-        """Adjust the loss scale after each update (no-op without fp16)."""
-        if self.scaling:
+        synced = [loss, *extras, scale] if torch.is_tensor(scale) else [loss, *extras]
+        host = torch.stack([*synced, *(torch._foreach_norm(grads) if grads else ())]).tolist()  # the one host sync
+        head = len(synced)
+        scale = host[head - 1] if torch.is_tensor(scale) else scale
+        grad_norm = scale * math.hypot(*host[head:])  # the norm of grads * scale
+        if math.isfinite(grad_norm):
+            factor = scale if max_norm is None else scale * min(1.0, max_norm / (grad_norm + 1e-6))
+            if factor != 1.0 and grads:
+                torch._foreach_mul_(grads, factor)
+        finite = math.isfinite(host[0]) and math.isfinite(grad_norm)
+        if self.scaling:  # the GradScaler skips steps with inf/NaN gradients itself
+            took_step = self.scaling.step(optimizer)
             self.scaling.update()
+            why = None if took_step else ("overflow" if math.isfinite(host[0]) else "non-finite")
+        else:
+            took_step, why = finite, None if finite else "non-finite"
+            if finite:
+                optimizer.step()
+        return UpdateResult(took_step, why, host[0], grad_norm, host[1:1 + len(extras)])
+
+    def log_record(self) -> dict[str, float]:
+        """Numbers for the training log: ``{"loss_scale": ...}`` under fp16, else nothing."""
+        return {"loss_scale": self.scaling.get_scale()} if self.scaling else {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"precision": self.name, **(self.scaling.state_dict() if self.scaling else {})}

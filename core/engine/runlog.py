@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 __all__ = ["RunLog", "ProgressBar", "Throughput", "window_record", "train_line", "format_duration"]
 
 
@@ -124,8 +126,6 @@ class ProgressBar:
     """
 
     def __init__(self, total: int, initial: int = 0, unit: str = "items") -> None:
-        from tqdm.auto import tqdm
-
         self.unit = unit
         self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
                          mininterval=0.5)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import math
 import signal
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from tk.core.engine.device import enable_grad_checkpointing, move_to_device, res
 from tk.core.engine.distributed import all_reduce_sum, main_process_first
 from tk.core.engine.ema import ModelEMA
 from tk.core.engine.evaluate import evaluate_loader, metric_keys
-from tk.core.engine.optim import build_optimizer, scale_and_clip_
+from tk.core.engine.optim import build_optimizer
 from tk.core.engine.precision import Precision
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, train_line, window_record
 from tk.core.engine.schedule import build_scheduler
@@ -188,22 +187,26 @@ class Trainer:
         return DistributedDataParallel(model, device_ids=ids)
 
     # -- one update ------------------------------------------------------------------
+    def _prescale(self) -> bool:
+        """Where the loss is normalised: in the forward when one micro-batch on one process
+        makes the update (its item count is known there; saves a pass over the gradients),
+        else in the update, by ``world_size / items`` of all micro-batches and processes."""
+        return self.tcfg.grad_accum == 1 and self.world_size == 1
+
     def _forward_backward(self, batch: dict[str, Any], sync: bool, prescale: bool) -> StepOutput:
         batch = move_to_device(batch, self.device)
-        no_sync = getattr(self.ddp_model, "no_sync", None)
         # DDP all-reduces gradients only on the last micro-batch of an update.
-        ctx = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
-        meter = ActivationMeter(self.model) if self._activation_bytes is None and not self.tcfg.compile \
-            else contextlib.nullcontext()
-        with ctx:
-            with meter, self.precision.autocast():
+        no_sync = None if sync else getattr(self.ddp_model, "no_sync", None)
+        meter = ActivationMeter(self.model) if self._activation_bytes is None and not self.tcfg.compile else None
+        with no_sync() if no_sync is not None else contextlib.nullcontext():
+            with meter or contextlib.nullcontext(), self.precision.autocast():
                 batch = self.task.transform_batch(batch, training=True)
                 out = self.task.loss(self.train_model, batch)
             loss = out.loss
-            if prescale:  # one micro-batch, one process: normalise here, saving a pass over the grads
+            if prescale:  # see _prescale
                 loss = loss / (out.num_items.clamp(min=1) if torch.is_tensor(out.num_items) else max(out.num_items, 1))
             self.precision.backward(loss)
-        if isinstance(meter, ActivationMeter):
+        if meter is not None:  # the first micro-batch only
             self._activation_bytes = meter.bytes
             self.log.echo(f"activation memory: {format_bytes(meter.bytes)} per micro-batch of "
                           f"{self.tcfg.batch_size} (tensors saved for backward, measured on the first one)")
@@ -216,61 +219,59 @@ class Trainer:
             ``loss`` (per item), ``grad_norm`` (before clipping), ``lr``, ``items``,
             ``skipped`` (1.0 if the update was not applied) and the task's logs per item.
         """
-        self.train_model.train()
-        accum = self.tcfg.grad_accum
-        prescale = accum == 1 and self.world_size == 1
-        sums: dict[str, Any] = {"stop": float(self._signal_received > 0)}
+        if not self.model.training:  # evaluation restores the mode, so only before the first update
+            self.train_model.train()
+        accum, prescale = self.tcfg.grad_accum, self._prescale()
+        logs: dict[str, Any] = {}
         for i in range(accum):
             out = self._forward_backward(self.batches.next(), sync=i == accum - 1, prescale=prescale)
-            pairs = [("loss", out.loss.detach()), ("items", out.num_items)]
-            for key, value in pairs + [(f"log/{k}", v) for k, v in out.logs.items()]:
+            if i == 0:
+                loss, items = out.loss.detach(), out.num_items
+            else:
+                loss, items = loss + out.loss.detach(), items + out.num_items
+            for key, value in out.logs.items():
                 value = value.detach() if torch.is_tensor(value) else float(value)
-                sums[key] = sums[key] + value if key in sums else value
-        keys = sorted(sums)  # the same order on every process
-        on_device = [k for k in keys if torch.is_tensor(sums[k])]
-        on_host = [k for k in keys if not torch.is_tensor(sums[k])]
-        stats = torch.cat([torch.stack([sums[k].double().reshape(()) for k in on_device]),
-                           torch.tensor([sums[k] for k in on_host], dtype=torch.float64, device=self.device)])
-        if self.world_size > 1:  # totals over processes: loss, items, logs and "anyone got a signal"
-            all_reduce_sum(stats)
-        return self._apply_update(dict(zip(on_device + on_host, stats)), prescale)
+                logs[key] = logs[key] + value if key in logs else value
+        if self.world_size == 1:
+            return self._apply_update(loss, items, logs, prescale)
+        keys = sorted(logs)  # sums over processes, in one order: loss, items, "anyone got a signal", logs
+        stats = _float64_vector([loss, items, float(self._signal_received > 0), *(logs[k] for k in keys)], self.device)
+        all_reduce_sum(stats)
+        loss, items, stop, *values = stats.unbind()
+        return self._apply_update(loss, items, dict(zip(keys, values)), prescale, stop)
 
-    def _apply_update(self, sums: dict[str, torch.Tensor], prescale: bool) -> dict[str, float]:
-        self.precision.unscale_(self.optimizer)
-        grads = [p.grad for p in self._params if p.grad is not None]
+    def _apply_update(self, loss: torch.Tensor, items: float | torch.Tensor, logs: dict[str, Any], prescale: bool,
+                      stop: float | torch.Tensor = 0.0) -> dict[str, float]:
         # The loss was summed over items; DDP averaged gradients over processes.
-        scale = 1.0 if prescale else self.world_size / sums["items"].clamp(min=1)
-        norm = scale_and_clip_(grads, scale, self.tcfg.clip_grad_norm)
-        # One host sync per update: it decides whether the update is applied (a NaN
-        # update would ruin the weights) and brings back every number to log.
-        keys = list(sums)
-        values = dict(zip(keys + ["grad_norm"], torch.cat([torch.stack([sums[k] for k in keys]),
-                                                            norm.double().reshape(1)]).tolist()))
-        items = max(values.pop("items"), 1.0)
-        loss = values.pop("loss") / items
-        if values.pop("stop") > 0:
+        scale = 1.0 if prescale else self.world_size / (items.clamp(min=1) if torch.is_tensor(items) else max(items, 1))
+        lr = max(self.scheduler.get_last_lr())  # this update's (the scheduler steps after it)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        # One host sync decides whether the step is taken and brings back every number to log.
+        numbers = [items, stop, *logs.values()]
+        on_device = [v if v.is_floating_point() else v.double() for v in numbers if torch.is_tensor(v)]  # exact counts
+        update = self.precision.apply_update(self.optimizer, grads, loss, scale=scale, max_norm=self.tcfg.clip_grad_norm,
+                                             extras=on_device)
+        synced = iter(update.extras)
+        items, stop, *values = [next(synced) if torch.is_tensor(v) else v for v in numbers]
+        items = max(float(items), 1.0)
+        if stop:
             self._stop_signal = self._signal_received or signal.SIGTERM
-        finite = math.isfinite(loss) and math.isfinite(values["grad_norm"])
-        lr = max(g["lr"] for g in self.optimizer.param_groups)
-        if self.precision.scaling is not None:  # fp16: the GradScaler skips inf/NaN steps itself
-            took_step = self.precision.step(self.optimizer)
-            self.precision.update()
-        else:
-            took_step = finite and self.precision.step(self.optimizer)
-        if took_step:
+        if update.took_step:
             self.progress["bad_steps"] = 0
         else:
             self.progress["skipped_steps"] += 1
-            if not finite and (self.precision.scaling is None or not math.isfinite(loss)):
-                self._on_bad_step(loss, values["grad_norm"])
+            if update.skipped_because == "non-finite":  # fp16 overflows are the scaler's business
+                self._on_bad_step(update.loss / items, update.grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()  # the lr follows the update count, skipped updates included
-        if took_step and self.ema is not None:
+        if update.took_step and self.ema is not None:
             self.ema.update(self.model)
         self.step += 1
-        logs = {k[4:]: v / items for k, v in values.items() if k.startswith("log/")}
-        return {"loss": loss, "grad_norm": values["grad_norm"], "lr": lr, "items": items,
-                "skipped": 0.0 if took_step else 1.0, **logs}
+        stats = {"loss": update.loss / items, "grad_norm": update.grad_norm, "lr": lr, "items": items,
+                 "skipped": 0.0 if update.took_step else 1.0}
+        if logs:
+            stats.update({k: v / items for k, v in zip(logs, values)})
+        return stats
 
     def _on_bad_step(self, loss: float, grad_norm: float) -> None:
         self.progress["bad_steps"] += 1
@@ -279,12 +280,11 @@ class Trainer:
         where = f"; first non-finite gradient in {culprit!r}" if culprit else ""
         self.log.echo(f"step {self.step + 1}: non-finite loss {loss} / grad norm {grad_norm}, update skipped{where}")
         if self.progress["bad_steps"] >= self.tcfg.max_bad_steps:
-            hint = " fp16 overflows easily: try train.precision=bf16." if self.precision.name == "fp16" else ""
             log = f" Details per step in {self.run_dir / 'train.log'}." if self.run_dir else ""
             raise RuntimeError(
                 f"{self.progress['bad_steps']} non-finite steps in a row at step {self.step + 1}{where}; check "
                 f"the learning rate (optim.lr, schedule.warmup_steps), train.clip_grad_norm, and the data and "
-                f"the task's loss for NaN/inf.{hint}{log}")
+                f"the task's loss for NaN/inf.{self.precision.non_finite_hint}{log}")
 
     # -- evaluation ------------------------------------------------------------------
     def evaluate(self, split: str = "val", model: nn.Module | None = None, prefix: str | None = None,
@@ -435,36 +435,37 @@ class Trainer:
         results: dict[str, float] = {}
         window: list[dict[str, float]] = []
         clock = Throughput()
+        t = self.tcfg
         while self.step < self.total_steps:
             self._in_update = True
             window.append(self.train_step())
             self._in_update = False
             if bar is not None:
                 bar.update()
-            if self.step % self.tcfg.log_every == 0 or self.step == self.total_steps:
+            if self.step % t.log_every == 0 or self.step == self.total_steps:
                 self._log_train(window, clock, bar)
                 window = []
             evaluated, metric = self._eval_due(), None
-            paused = time.perf_counter()
-            if evaluated and self.step == self.total_steps:
-                self.save_checkpoint()  # the work is safe even if the final evaluation fails
-            if evaluated:
-                results, metric = self._evaluate_and_track()
-            if evaluated or (self.tcfg.save_every and self.step % self.tcfg.save_every == 0):
+            if evaluated or (t.save_every and self.step % t.save_every == 0):
+                paused = time.perf_counter()
+                if evaluated and self.step == self.total_steps:
+                    self.save_checkpoint()  # the work is safe even if the final evaluation fails
+                if evaluated:
+                    results, metric = self._evaluate_and_track()
                 self.save_checkpoint(metric)
+                clock.exclude(time.perf_counter() - paused)  # throughput counts training time only
             if self.world_size == 1 and self._signal_received:
                 self._stop_signal = self._signal_received  # one process: no need to agree with others
             if self._stop_signal:
                 path = self.save_checkpoint() if self._saved_step != self.step else None
                 path = path or (self.checkpoints.latest() if self.checkpoints else None)
                 raise TrainingInterrupted(self._stop_signal, self.step, path)
-            patience = self.tcfg.early_stopping_patience
+            patience = t.early_stopping_patience
             if evaluated and patience and self.progress["evals_since_best"] >= patience:
                 self.log.echo(f"early stop at step {self.step}: {self.best_key} did not improve for {patience} "
                               f"evaluations (best {self.progress['best_value']:.4f} at step "
                               f"{self.progress['best_step']})")
                 break
-            clock.exclude(time.perf_counter() - paused)  # throughput counts training time only
         return results
 
     def _save_after_failure(self) -> Path | None:
@@ -495,8 +496,7 @@ class Trainer:
         record = {"step": self.step, "epoch": self.step / self.steps_per_epoch if self.steps_per_epoch else None,
                   **window_record(window, clock)}
         eta = (self.total_steps - self.step) * record.pop("_seconds_per_step")
-        if self.precision.scaling is not None:
-            record["loss_scale"] = self.precision.scaling.get_scale()
+        record.update(self.precision.log_record())
         self.log.metrics(record)
         self.log.echo(train_line(record, self.total_steps, eta), console=bar is None)
         if bar is not None:
@@ -513,3 +513,12 @@ class Trainer:
             f"({trainable:,} trainable, {format_bytes(4 * total)} in fp32) on {self.device} ({t.precision}); "
             f"{self.total_steps} updates of {t.batch_size} x {t.grad_accum} x {self.world_size} samples "
             f"({self.steps_per_epoch or 'no'} updates per epoch)" + (f"; {', '.join(extras)}" if extras else ""))
+
+
+def _float64_vector(values: list[Any], device: torch.device) -> torch.Tensor:
+    """0-dim tensors and numbers, in order, as one float64 vector on ``device`` (one
+    host-to-device copy for all the numbers)."""
+    numbers = torch.tensor([float(v) for v in values if not torch.is_tensor(v)], dtype=torch.float64,
+                           device=device).unbind()
+    it = iter(numbers)
+    return torch.stack([v.double().reshape(()) if torch.is_tensor(v) else next(it) for v in values])

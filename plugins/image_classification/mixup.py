@@ -1,8 +1,9 @@
-"""Mixup / CutMix on device batches (timm's ``Mixup``) and the matching loss.
+"""Mixup / CutMix on device batches (timm's ``Mixup``) and the task's ``loss:`` options.
 
 Mixup: Zhang et al. 2018, https://arxiv.org/abs/1710.09412;
 CutMix: Yun et al. 2019, https://arxiv.org/abs/1905.04899;
 label smoothing: Szegedy et al. 2016, https://arxiv.org/abs/1512.00567.
+The loss itself is ``tk.core.losses.cross_entropy_sum``.
 """
 
 from __future__ import annotations
@@ -10,10 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-import torch.nn.functional as F
 from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
+
+
+@dataclass
+class LossConfig:
+    """The recipe's ``loss:`` section."""
+
+    label_smoothing: float = 0.0  # epsilon in [0, 1), training only; Mixup/CutMix targets are smoothed alike
+
+    def check(self) -> list[str]:
+        """Range checks, naming the ``loss.*`` key."""
+        if not 0.0 <= self.label_smoothing < 1.0:
+            return [f"loss.label_smoothing ({self.label_smoothing}) must be in [0, 1)"]
+        return []
 
 
 @dataclass
@@ -25,7 +36,7 @@ class MixupConfig:
     prob: float = 1.0  # probability of mixing a batch (or element, see mode)
     switch_prob: float = 0.5  # probability of CutMix instead of Mixup when both are on
     mode: Literal["batch", "pair", "elem"] = "batch"  # draw mixing params per batch, pair or element
-    label_smoothing: float = 0.0  # label smoothing epsilon, applied with or without mixing
+    label_smoothing: float | None = None  # moved to loss.label_smoothing; any value here is a config error
 
     @property
     def enabled(self) -> bool:
@@ -35,45 +46,28 @@ class MixupConfig:
 def check_mixup(cfg: MixupConfig, batch_size: int | None) -> list[str]:
     """Config problems of the ``mixup:`` section, one message per broken rule."""
     problems = []
+    if cfg.label_smoothing is not None:
+        problems.append(f"mixup.label_smoothing moved to loss.label_smoothing: write "
+                        f"`loss: {{label_smoothing: {cfg.label_smoothing}}}` instead")
     for key in ("mixup_alpha", "cutmix_alpha"):
         if getattr(cfg, key) < 0:
             problems.append(f"mixup.{key} ({getattr(cfg, key)}) must be >= 0 (0 turns it off)")
     for key in ("prob", "switch_prob"):
         if not 0.0 <= getattr(cfg, key) <= 1.0:
             problems.append(f"mixup.{key} ({getattr(cfg, key)}) must be in [0, 1]")
-    if not 0.0 <= cfg.label_smoothing < 1.0:
-        problems.append(f"mixup.label_smoothing ({cfg.label_smoothing}) must be in [0, 1)")
     if cfg.enabled and batch_size is not None and batch_size % 2:
         # timm mixes each sample with its mirror in the batch, so the size must be even
         problems.append(f"train.batch_size: Mixup/CutMix needs an even batch size, got {batch_size}")
     return problems
 
 
-def build_mixup(cfg: MixupConfig, num_classes: int) -> Mixup | None:
-    """timm's Mixup for ``cfg`` (soft targets carry the label smoothing), or None when off."""
+def build_mixup(cfg: MixupConfig, num_classes: int, label_smoothing: float = 0.0) -> Mixup | None:
+    """timm's Mixup for ``cfg``, or None when off. Its soft targets carry ``label_smoothing``
+    (``loss.label_smoothing``), so the loss must not smooth them again."""
     if not cfg.enabled:
         return None
     return Mixup(
         mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, prob=cfg.prob,
-        switch_prob=cfg.switch_prob, mode=cfg.mode, label_smoothing=cfg.label_smoothing,
+        switch_prob=cfg.switch_prob, mode=cfg.mode, label_smoothing=label_smoothing,
         num_classes=num_classes,
     )
-
-
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Cross-entropy SUMMED over the batch, for hard or soft targets.
-
-    Args:
-        logits: (B, C) scores.
-        targets: (B,) class indices, or (B, C) soft targets (rows summing to 1, as
-            Mixup/CutMix make them; they already include label smoothing).
-        label_smoothing: epsilon for hard targets only.
-
-    Returns:
-        Scalar: the sum of the B per-sample losses (the engine divides by B).
-    """
-    logits = logits.float()  # log-softmax in fp32 under autocast
-    if targets.ndim == 2:
-        # SoftTargetCrossEntropy averages over the batch; scale back to a sum
-        return SoftTargetCrossEntropy()(logits, targets.to(logits.dtype)) * logits.shape[0]
-    return F.cross_entropy(logits, targets, label_smoothing=label_smoothing, reduction="sum")

@@ -11,12 +11,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
+from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_source_dataset, check_not_empty
 from tk.plugins.image_classification.metrics import ConfusionMatrix
-from tk.plugins.image_classification.mixup import MixupConfig, build_mixup, check_mixup, classification_loss
+from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
 from tk.plugins.image_classification.model import ModelConfig, build_classifier, check_model
 from tk.plugins.image_classification.predict import PredictConfig
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
@@ -57,11 +58,12 @@ class ImageClassificationTask(Task):
     name: ClassVar[str] = "image_classification"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
-    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "predict": PredictConfig}
+    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "loss": LossConfig, "predict": PredictConfig}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
         self.mixup_cfg: MixupConfig = self.sections.get("mixup") or MixupConfig()
+        self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
         self._class_names: list[str] | None = None
         self._mixup: Any = None
 
@@ -148,7 +150,7 @@ class ImageClassificationTask(Task):
         if not training or not self.mixup_cfg.enabled:
             return batch
         if self._mixup is None:
-            self._mixup = build_mixup(self.mixup_cfg, self.num_classes)
+            self._mixup = build_mixup(self.mixup_cfg, self.num_classes, self.loss_cfg.label_smoothing)
         images, labels = batch["image"], batch["labels"]
         if images.shape[0] % 2:
             raise TkError(f"Mixup/CutMix needs an even batch, got {images.shape[0]}; set an even "
@@ -161,11 +163,13 @@ class ImageClassificationTask(Task):
         return build_classifier(self.model_cfg, self.num_classes, self.data.img_size)
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
-        """Cross-entropy summed over the batch; SoftTargetCrossEntropy for mixed targets."""
+        """Cross-entropy summed over the batch, on Mixup/CutMix's soft targets when mixing;
+        label smoothing in training only (evaluation reports plain cross-entropy)."""
         logits = model(batch["image"])  # (B, C)
-        smoothing = self.mixup_cfg.label_smoothing if model.training else 0.0
-        loss = classification_loss(logits, batch["labels"], smoothing)
-        return StepOutput(loss=loss, num_items=logits.shape[0], outputs=logits.detach())
+        labels = batch["labels"]  # (B,) class indices, or (B, C) mixed targets, smoothed already
+        smoothing = self.loss_cfg.label_smoothing if model.training and not labels.is_floating_point() else 0.0
+        loss, count = cross_entropy_sum(logits, labels, label_smoothing=smoothing)
+        return StepOutput(loss=loss, num_items=count, outputs=logits.detach())
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
         topk = (1, 5) if self.num_classes >= 5 else (1,)

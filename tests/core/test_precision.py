@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from tk.core.engine.precision import LossScaling, Precision
+from tk.core.engine.precision import LossScaling, Precision, check_precision
 from tk.core.errors import TkError
 
 
@@ -19,7 +19,10 @@ def _setup():
     return model, opt, x
 
 
-def test_fp16_on_cpu_and_bad_name_raise():
+def test_one_check_names_the_problem_and_the_constructor_raises_it():
+    assert check_precision("bf16", "cpu") is None and check_precision("fp32", torch.device("cpu")) is None
+    assert check_precision("fp16", "cpu") == "train.precision: fp16 needs a CUDA device (got 'cpu'); use bf16 on CPU"
+    assert check_precision("fp8", "cpu") == "train.precision must be one of ['bf16', 'fp16', 'fp32'], got 'fp8'"
     with pytest.raises(TkError, match="fp16 needs a CUDA device.*use bf16 on CPU"):
         Precision("fp16", "cpu")
     with pytest.raises(TkError, match="train.precision"):
@@ -34,17 +37,45 @@ def test_autocast_dtypes_on_cpu():
         assert (a @ b).dtype == torch.float32
 
 
-def test_fp32_path_is_plain_backward_and_step():
+@pytest.mark.parametrize("max_norm", [None, 0.5])
+def test_fp32_update_is_scale_clip_step_as_torch_does_it(max_norm):
     model, opt, x = _setup()
     ref = copy.deepcopy(model)
     p = Precision("fp32", "cpu")
-    p.backward(model(x).pow(2).sum())
-    p.unscale_(opt)
-    assert p.step(opt) is True and p.skipped_steps == 0
+    loss = model(x).pow(2).sum()
+    p.backward(loss)
+    grads = [q.grad for q in model.parameters()]
+    update = p.apply_update(opt, grads, loss.detach(), scale=0.125, max_norm=max_norm, extras=[torch.tensor(3.0)])
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    ref(x).pow(2).sum().backward()
+    (ref(x).pow(2).sum() * 0.125).backward()
+    norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm if max_norm is not None else float("inf"))
     ref_opt.step()
+    assert update.took_step and update.skipped_because is None and update.extras == [3.0]
+    assert update.loss == pytest.approx(loss.item()) and update.grad_norm == pytest.approx(norm.item(), rel=1e-6)
+    if max_norm is not None:
+        assert update.grad_norm > max_norm  # the clipping really happened
     torch.testing.assert_close(model.weight, ref.weight)
+    torch.testing.assert_close(model.bias, ref.bias)
+    assert p.skipped_steps == 0 and p.log_record() == {}
+
+
+def test_an_update_without_gradients_steps_nothing_and_reports_a_zero_norm():
+    model, opt, _ = _setup()
+    update = Precision("fp32", "cpu").apply_update(opt, [], torch.tensor(2.0), scale=0.5, max_norm=1.0)
+    assert update.took_step and update.grad_norm == 0.0 and update.loss == 2.0
+
+
+def test_fp32_update_skips_a_nan_gradient_and_says_why():
+    model, opt, x = _setup()
+    p = Precision("fp32", "cpu")
+    loss = model(x).pow(2).sum()
+    p.backward(loss)
+    model.weight.grad[0, 0] = float("nan")
+    before = model.weight.detach().clone()
+    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach(), max_norm=1.0)
+    assert not update.took_step and update.skipped_because == "non-finite"
+    assert torch.equal(model.weight, before)
+    assert torch.isnan(model.weight.grad[0, 0]) and torch.isfinite(model.bias.grad).all()  # the culprit stays findable
 
 
 def test_loss_scaling_unscale_then_skip_on_inf():
@@ -84,11 +115,19 @@ def test_precision_delegates_to_loss_scaling():
     model, opt, x = _setup()
     p = Precision("fp32", "cpu")
     p.scaling = LossScaling(torch.amp.GradScaler("cpu", init_scale=8.0))  # the seam fp16 uses on CUDA
-    p.backward(model(x).sum() * float("nan"))
-    assert p.step(opt) is False and p.skipped_steps == 1
-    p.update()
+    loss = model(x).sum()
+    p.backward(loss)
+    model.weight.grad[0, 0] = float("inf")  # an overflow from a finite loss: the scaler's business
+    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach())
+    assert not update.took_step and update.skipped_because == "overflow"
+    assert p.skipped_steps == 1 and p.log_record() == {"loss_scale": 4.0}
+    opt.zero_grad()
+    loss = model(x).sum() * float("nan")
+    p.backward(loss)
+    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach())
+    assert update.skipped_because == "non-finite" and p.skipped_steps == 2
     state = p.state_dict()
-    assert state["precision"] == "fp32" and state["scaler"]["scale"] == 4.0
+    assert state["precision"] == "fp32" and state["scaler"]["scale"] == 2.0
 
 
 @pytest.mark.gpu
@@ -103,8 +142,8 @@ def test_fp16_cuda_step_finite():
         assert out.dtype == torch.float16
         loss = out.float().pow(2).mean()
     p.backward(loss)
-    p.unscale_(opt)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    assert p.step(opt) is True
-    p.update()
-    assert torch.isfinite(model.weight).all()
+    before = model.weight.detach().clone()
+    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach(), max_norm=1.0)
+    assert update.took_step and update.skipped_because is None
+    assert torch.isfinite(model.weight).all() and not torch.equal(model.weight, before)
+    assert p.log_record()["loss_scale"] == 65536.0

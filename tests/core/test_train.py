@@ -4,10 +4,12 @@ crash-safe checkpoints (toy tasks from conftest, a few seconds each)."""
 
 import copy
 import re
+from collections import Counter
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tk.core.engine.checkpoint import load_checkpoint
 from tk.core.engine.precision import LossScaling
@@ -102,6 +104,38 @@ def test_loss_scaling_skips_an_injected_inf_gradient_and_counts_it(toy_site, tmp
     assert t.progress["skipped_steps"] == 1 and t.progress["bad_steps"] == 0  # a scaler skip is no failure
     assert t.train_step()["skipped"] == 0.0
     assert not torch.equal(weight, before)
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the tensor ops (aten) dispatched inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_update_costs_three_tensor_ops_more_than_a_bare_step(toy_site, tmp_path):
+    """The engine's per-update work (non-finite check, grad norm, loss to log) is the
+    per-tensor norms, one stack for the one host sync and a detach; no scale/clip pass
+    when the loss was normalised in the forward and nothing needs clipping."""
+    t = make_trainer(tmp_path, "toy", ["train.max_steps=10", "train.clip_grad_norm=1e9"])
+    t.train_step()  # the first update sets up optimizer state and measures activations
+    t.model.eval()  # a caller's eval() is undone by the next update
+    with CountOps() as engine:
+        t.train_step()
+    assert all(m.training for m in t.model.modules())
+    with CountOps() as bare:
+        out = t.task.loss(t.model, t.batches.next())
+        (out.loss / out.num_items).backward()
+        t.optimizer.step()
+        t.optimizer.zero_grad(set_to_none=True)
+        t.scheduler.step()
+    assert engine.ops - bare.ops == Counter({"detach": 1, "_foreach_norm": 1, "stack": 1})
+    assert not bare.ops - engine.ops
 
 
 def test_non_finite_steps_are_skipped_named_and_stop_the_run(toy_site, tmp_path, capsys):

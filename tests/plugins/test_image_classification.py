@@ -75,12 +75,13 @@ def test_mixup_soft_targets_and_soft_target_loss(tmp_path):
     torch.manual_seed(0)
     np.random.seed(0)  # timm's Mixup draws lambda from numpy
     task = make_task(tmp_path, data={"num_train": 16},
-                     mixup={"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing": 0.1, "mode": "elem"})
+                     mixup={"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mode": "elem"}, loss={"label_smoothing": 0.1})
     batch = task.collate([task.build_dataset("train")[i] for i in range(8)])
     mixed = task.transform_batch(batch, training=True)
     targets = mixed["labels"]
     assert targets.shape == (8, 10)
     torch.testing.assert_close(targets.sum(-1), torch.ones(8))
+    assert targets.min() >= 0.1 / 10 - 1e-6  # loss.label_smoothing reaches Mixup's targets
     assert not torch.equal(mixed["image"], batch["image"])
     assert torch.equal(task.transform_batch(batch, training=False)["labels"], batch["labels"])  # eval: untouched
     model = task.build_model()
@@ -92,7 +93,7 @@ def test_mixup_soft_targets_and_soft_target_loss(tmp_path):
 
 def test_label_smoothing_without_mixing(tmp_path):
     torch.manual_seed(0)
-    task = make_task(tmp_path, data={"num_train": 16}, mixup={"label_smoothing": 0.2})
+    task = make_task(tmp_path, data={"num_train": 16}, loss={"label_smoothing": 0.2})
     batch = task.collate([task.build_dataset("train")[i] for i in range(8)])
     model = task.build_model()
     out = task.loss(model, batch)
@@ -108,6 +109,11 @@ def test_config_rules(tmp_path):
     with pytest.raises(ConfigError, match="train.batch_size: Mixup/CutMix needs an even batch size, got 7"):
         make_task(tmp_path, train={"batch_size": 7}, mixup={"cutmix_alpha": 1.0})
     make_task(tmp_path, train={"batch_size": 7})  # odd is fine without mixing
+    with pytest.raises(ConfigError, match=r"mixup.label_smoothing moved to loss.label_smoothing: write "
+                                          r"`loss: \{label_smoothing: 0.1\}`"):
+        make_task(tmp_path, mixup={"label_smoothing": 0.1})
+    with pytest.raises(ConfigError, match=r"loss.label_smoothing \(1.0\) must be in \[0, 1\)"):
+        make_task(tmp_path, loss={"label_smoothing": 1.0})
     with pytest.raises(ConfigError, match="inc1"):
         make_task(tmp_path, data={"auto_augment": "rand-m9-mstd0.5-inc1"})
     with pytest.raises(ConfigError, match=r"model.dim \(30\) must be divisible by model.num_heads \(4\)"):
@@ -216,9 +222,8 @@ def test_timm_model_path_builds(tmp_path):
 
 
 def test_confusion_matrix_metric_writes_table_and_png(tmp_path):
-    from tk.core.task import StepOutput
-
     from tk.core.step import EvalContext
+    from tk.core.task import StepOutput
 
     metric = ConfusionMatrix(["a", "b", "c"])
     logits = torch.tensor([[3.0, 0, 0], [0, 3.0, 0], [3.0, 0, 0], [0, 0, 3.0]])
