@@ -172,8 +172,10 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
     dist = _init_distributed(cfg.train.device)
     try:
         # device and precision problems, before anything is written
-        problem = preflight(cfg) if dist is None else check_precision(cfg.train.precision, dist.device)
-        if isinstance(problem, str):
+        problem = check_precision(cfg.train.precision, dist.device) if dist is not None else None
+        if dist is None:
+            preflight(cfg)
+        elif problem:
             raise TkError(problem)
         is_main = dist is None or dist.rank == 0
 

@@ -29,7 +29,7 @@ def test_info_lists_every_key_with_type_default_and_doc():
     out = result.output
     assert out.startswith("image_classification: Image classification")
     sections = [line.split(":")[0] for line in out.splitlines() if line and not line.startswith(" ")][1:]
-    assert sections[:4] == ["data", "model", "mixup", "predict"] and sections[-3:] == ["optim", "schedule", "train"]
+    assert sections[:5] == ["data", "model", "mixup", "loss", "predict"] and sections[-3:] == ["optim", "schedule", "train"]
     lines = out.splitlines()
     mixup = lines[lines.index(next(line for line in lines if line.startswith("mixup:"))) + 1:]
     assert mixup[0].split("#")[0].strip() == "mixup_alpha: float = 0.0"
@@ -44,10 +44,10 @@ def test_info_json_for_scripts():
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     assert info["task"] == "image_classification" and info["distribution"] == "tk"
-    mixup = {k["key"]: k for k in info["sections"]["mixup"]["keys"]}
-    assert mixup["label_smoothing"] == {"key": "label_smoothing", "type": "float", "default": 0.0,
-                                        "required": False, "doc": "label smoothing epsilon, applied with or "
-                                                                  "without mixing"}
+    loss = {k["key"]: k for k in info["sections"]["loss"]["keys"]}
+    assert loss["label_smoothing"] == {"key": "label_smoothing", "type": "float", "default": 0.0,
+                                       "required": False, "doc": "epsilon in [0, 1), training only; Mixup/CutMix "
+                                                                 "targets are smoothed alike"}
     assert info["sections"]["train"]["owner"] == "core" and info["sections"]["mixup"]["owner"] == "task"
 
 
