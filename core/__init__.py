@@ -29,7 +29,7 @@ _EXPORTS: dict[str, str] = {
     "generate": "nn.generation", "GenerationConfig": "nn.generation", "greedy_decode": "nn.generation",
     "beam_search": "nn.generation", "sample": "nn.generation",
     # the task contract and the engine
-    "Task": "task", "StepOutput": "step", "LoaderSpec": "data.loader", "TkError": "errors",
+    "Task": "task", "StepOutput": "step", "LoaderSpec": "data.loader", "TkError": "errors", "RunError": "errors",
     "RunConfig": "config", "TrainConfig": "config", "load_config": "recipe",
     "available_tasks": "registry", "load_task": "registry",
     "Trainer": "engine.train", "Metric": "metrics", "Accuracy": "metrics", "Mean": "metrics",

@@ -303,7 +303,7 @@ CASES: dict[str, Case] = {
     "run/data error mid-run": C(["run", "{faulty}", "output_dir={d}/new", "data.fail_at=batch",
                                  "data.fail_batch=6"], 1, "cannot be read", unchanged=False),
     "run/disk full": C(["run", "{toy}", "output_dir={d}/new", "train.save_every=2", "train.eval_every=8"], 1,
-                       "No space left on device", ["intact", "step_00000002.pt"], unchanged=False,
+                       "No space left on device", ["step_00000004.pt", "(step 2) is intact", "--resume"], unchanged=False,
                        setup=disk_full_on_second_save),
     # -- real processes ------------------------------------------------------------
     "process/no such option": C(["run", "{toy}", "--overwirte"], 2, "No such option", subprocess=True),
