@@ -237,6 +237,8 @@ CASES: dict[str, Case] = {
     "override/unknown task": C(["validate", "{toy}", "task=toyy"], 2, "unknown task 'toyy'"),
     "override/task os:path": C(["validate", "{toy}", "task=os:path"], 2, "not a subclass of tk.core.task.Task"),
     "override/literal": C(["validate", "{toy}", "train.precision=fp8"], 2, "one of 'fp32', 'bf16', 'fp16'"),
+    "override/timm name": C(["validate", "quickstart", "model.timm=resnet181"], 2,
+                            "override 'model.timm=resnet181': 'resnet181' is not a timm model; did you mean 'resnet18'"),
     # -- the machine -------------------------------------------------------------------
     "machine/device tpu": C(["validate", "{toy}", "train.device=tpu"], 2, "train.device"),
     "machine/device nonsense": C(["validate", "{toy}", "train.device=gpu0"], 2, "is not a device"),

@@ -93,7 +93,7 @@ BAD_INPUTS = {
     "unknown task": (["{task}"], "unknown task 'toyy'"),
     "unknown key": (["{recipe}", "optim.lrr=0.1"], "did you mean 'lr'?"),
     "unknown key in file": (["{unknown_key}"], "optim.lrr: unknown key; did you mean 'lr'?"),
-    "wrong type": (["{recipe}", "train.batch_size=big"], "train.batch_size: expected int, found 'big' (str)"),
+    "wrong type": (["{recipe}", "train.batch_size=big"], "override 'train.batch_size=big': expected int, found 'big'"),
     "override of missing key": (["{recipe}", "data.nope=1"], "unknown key 'nope' in data"),
     "broken plugin": (["{broken}"], "failed to import: ImportError: boom"),
     "non-empty run dir": (["{recipe}"], "is not empty (a previous run?); pass --resume"),
