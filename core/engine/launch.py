@@ -299,8 +299,9 @@ def _resume(trainer: Trainer, run_dir: Path, resume_from: str | None, command: s
             raise TkError(f"{e}; no intact checkpoint in {run_dir / 'checkpoints'}: start again with "
                           f"--overwrite") from e
         names = ", ".join(p.name for p in intact)
+        newest = next((p for p in intact if p.name.startswith("step_")), intact[0])  # the most work kept
         raise TkError(f"{e}; intact checkpoints: {names}; resume from one with "
-                      f"`{command} --resume-from {intact[0]}`") from e
+                      f"`{command} --resume-from {newest}`") from e
 
 
 def _run_failure(e: BaseException, trainer: Trainer, run_dir: Path, restored: bool, command: str) -> BaseException:
