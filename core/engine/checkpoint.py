@@ -95,12 +95,17 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     if not path.is_file():
         raise CheckpointReadError(f"checkpoint {str(path)!r} does not exist; check the path (or the run "
                                   f"folder's checkpoints)")
+    with open(path, "rb") as f:
+        if f.read(2) != b"PK":  # torch.save writes a zip archive
+            raise CheckpointReadError(f"{str(path)!r} is not a checkpoint (not a torch.save zip file); "
+                                      f"pass a .pt file written by `tk run`")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # pickle errors, truncated zip files, unsafe types
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [""])[0]
         raise CheckpointReadError(
-            f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-            "(truncated or not a tk checkpoint; tk loads with weights_only=True)"
+            f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {detail} "
+            "(damaged, truncated or not a tk checkpoint; tk loads with weights_only=True)"
         ) from e
     if not isinstance(state, dict) or _MARK not in state:
         raise CheckpointReadError(
@@ -230,9 +235,9 @@ class CheckpointManager:
         """
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
-        path = self.step_path(step)
-        save_checkpoint(path, state)
-        _copy_atomic(path, self.directory / "last.pt")
+        path, last = self.step_path(step), self.directory / "last.pt"
+        save_checkpoint(last, state)  # last.pt first: once step_N.pt exists, last.pt holds step N too
+        _copy_atomic(last, path)
         self.info["last"] = {"step": step}
         best = self.info.get("best")
         if metric is not None and metric == metric:  # NaN never wins
@@ -240,7 +245,7 @@ class CheckpointManager:
                 metric > best["metric"] if mode == "max" else metric < best["metric"]
             )
             if better:
-                _copy_atomic(path, self.directory / "best.pt")
+                _copy_atomic(last, self.directory / "best.pt")
                 self.info["best"] = {"step": step, "metric": float(metric), "mode": mode}
         _atomic_write(self._index, lambda f: f.write(json.dumps(self.info, indent=2).encode()))
         self._prune()

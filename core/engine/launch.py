@@ -77,6 +77,9 @@ def check_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
         raise _unusable(run_dir, e) from e
     if resume and not occupied:
         raise TkError(f"--resume: {str(run_dir)!r} holds no previous run; drop --resume to start one")
+    if resume and not is_run_dir(run_dir) and not (run_dir / "checkpoints").is_dir():
+        raise TkError(f"--resume: {str(run_dir)!r} holds no tk run (no {RUN_MARKER} marker, no checkpoints/); "
+                      f"set output_dir= to the run to continue")
     if not resume and occupied and not overwrite:
         raise TkError(f"output_dir {str(run_dir)!r} is not empty (a previous run?); pass --resume to "
                       f"continue it, --overwrite to replace it, or set output_dir=<new dir>")

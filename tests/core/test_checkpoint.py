@@ -42,8 +42,12 @@ def test_load_errors(tmp_path):
     with pytest.raises(TkError, match="not a tk checkpoint"):
         C.load_checkpoint(tmp_path / "plain.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a zip file at all")
-    with pytest.raises(TkError, match="cannot read checkpoint"):
+    with pytest.raises(TkError, match=r"is not a checkpoint \(not a torch.save zip file\)"):
         C.load_checkpoint(tmp_path / "junk.pt")
+    C.save_checkpoint(tmp_path / "cut.pt", {"w": torch.zeros(100)})
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "cut.pt").read_bytes()[:300])
+    with pytest.raises(C.CheckpointReadError, match="cannot read checkpoint .*damaged, truncated"):
+        C.load_checkpoint(tmp_path / "cut.pt")
 
 
 def test_crash_during_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
