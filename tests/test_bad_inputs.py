@@ -260,6 +260,7 @@ CASES: dict[str, Case] = {
     "run dir/under a file": C(["run", "{toy}", "output_dir={d}/afile/run"], 2, "output_dir"),
     "run dir/name too long": C(["run", "{toy}", f"output_dir={{d}}/{LONG}"], 2, "output_dir"),
     "run dir/read-only": C(["run", "{toy}", "output_dir={d}/ro/run"], 2, "output_dir", setup=read_only_dir),
+    "run dir/not permitted": C(["run", "{toy}", "output_dir=/sys/tk-no-run-here"], 2, "output_dir"),
     "run dir/proc": C(["run", "{toy}", "output_dir=/proc/tk-no-run-here"], 2, "output_dir"),
     "run dir/overwrite, config error": C(["run", "{toy}", "output_dir={run}", "--overwrite", "optim.lr=0"], 2,
                                          "optim.lr"),
@@ -381,7 +382,9 @@ def test_bad_input(name, world, tmp_path, monkeypatch):
         if torch.cuda.is_available():
             pytest.skip("needs a machine without CUDA")
     if name == "run dir/read-only" and os.geteuid() == 0:
-        pytest.skip("root ignores file permissions")
+        pytest.skip("root ignores file permissions (see 'run dir/not permitted')")
+    if name in ("run dir/not permitted", "run dir/proc") and not sys.platform.startswith("linux"):
+        pytest.skip("needs Linux's /sys and /proc")
     places = make_case_dir(world, tmp_path)
     if case.setup:
         case.setup(tmp_path, monkeypatch)
