@@ -58,7 +58,7 @@ def _atomic_write(path: Path, write) -> None:
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
-        if e.filename is None:  # a write to the open file: name the file (e.g. disk full)
+        if e.filename is None and e.errno is not None:  # a write to the open file: name it (e.g. disk full)
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     except BaseException:
