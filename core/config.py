@@ -88,9 +88,10 @@ class ConfigError(TkError):
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.problems = problems
-        where = f"{source}: " if source else ""
+        from_file = [p for p in problems if not p.startswith("override ")]
+        where = f"{source}: " if source and from_file else ""
         if len(problems) == 1:
-            msg = problems[0] if problems[0].startswith("override ") else where + problems[0]
+            msg = where + problems[0]
         else:
             listed = "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
             msg = f"{where}{len(problems)} problems: {listed}"

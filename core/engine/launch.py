@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -254,7 +255,7 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         if is_main:
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
-        command = f"tk run {recipe} {' '.join(overrides)}".rstrip()
+        command = shlex.join(["tk", "run", str(recipe), *overrides])
         return _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command)
     finally:
         if dist is not None:
@@ -268,13 +269,18 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
     is_main = dist is None or dist.rank == 0
     trainer, fitting = None, False
     try:
-        trainer = Trainer(cfg, task_cls, run_dir, dist)
+        try:
+            trainer = Trainer(cfg, task_cls, run_dir, dist)
+            if resume:
+                trainer.resume(resume_from)
+        except CheckpointReadError as e:
+            if not resume or resume_from is not None:
+                raise
+            raise _unreadable_last(e, run_dir, command) from e
+        if resume and is_main:  # the settings the run continues with (e.g. a longer max_steps)
+            (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         if is_main and trainer.checkpoints is not None:
             trainer.checkpoints.add_save_hook(lambda _path: drop_set_aside(run_dir))
-        if resume:
-            _resume(trainer, run_dir, resume_from, command)
-            if is_main:  # the settings the run continues with (e.g. a longer max_steps)
-                (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         fitting = True
         results = trainer.fit()
     except BaseException as e:
@@ -290,21 +296,15 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
     return results
 
 
-def _resume(trainer: Trainer, run_dir: Path, resume_from: str | None, command: str) -> None:
-    """``trainer.resume``; an unreadable ``last.pt`` names the intact checkpoints."""
-    try:
-        trainer.resume(resume_from)
-    except CheckpointReadError as e:
-        if resume_from is not None:
-            raise
-        intact = intact_checkpoints(run_dir / "checkpoints")
-        if not intact:
-            raise TkError(f"{e}; no intact checkpoint in {run_dir / 'checkpoints'}: start again with "
-                          f"--overwrite") from e
-        names = ", ".join(p.name for p in intact)
-        newest = next((p for p in intact if p.name.startswith("step_")), intact[0])  # the most work kept
-        raise TkError(f"{e}; intact checkpoints: {names}; resume from one with "
-                      f"`{command} --resume-from {newest}`") from e
+def _unreadable_last(e: CheckpointReadError, run_dir: Path, command: str) -> TkError:
+    """``--resume`` found ``last.pt`` unreadable: name the intact checkpoints and the
+    command that continues from the newest of them."""
+    intact = intact_checkpoints(run_dir / "checkpoints")
+    if not intact:
+        return TkError(f"{e}; no intact checkpoint in {run_dir / 'checkpoints'}: start again with --overwrite")
+    names = ", ".join(p.name for p in intact)
+    newest = next((p for p in intact if p.name.startswith("step_")), intact[0])  # the most work kept
+    return TkError(f"{e}; intact checkpoints: {names}; resume from one with `{command} --resume-from {newest}`")
 
 
 def _run_failure(e: BaseException, trainer: Trainer, run_dir: Path, restored: bool, command: str) -> BaseException:
@@ -322,7 +322,7 @@ def _run_failure(e: BaseException, trainer: Trainer, run_dir: Path, restored: bo
         step = trainer.checkpoints.info.get("last", {}).get("step", "?")
         kept = f"the last checkpoint {latest} (step {step}) is intact; {fix} and continue with `{command} --resume`"
     else:
-        kept = "no checkpoint had been saved yet"
+        kept = "no checkpoint had been saved yet; start again with --overwrite"
     if isinstance(e, OSError):
         where = e.filename or run_dir
         return RunError(f"disk full (No space left on device) while writing {where} at step {trainer.step}; "
