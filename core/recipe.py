@@ -71,8 +71,12 @@ class StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if not isinstance(key, typing.Hashable):
+                continue  # yaml's own construct_mapping reports it
+            if key in seen:
                 raise DuplicateKeyError(
                     None, None, f"duplicate key {key!r} (first at line {seen[key].line + 1}); keep one of them",
                     key_node.start_mark)

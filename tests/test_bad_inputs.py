@@ -126,6 +126,7 @@ RECIPES: dict[str, str | bytes] = {
     "broken": "task: broken\n",
     "literal": "task: toy\ntrain: {best_mode: maxx}\n",
     "neg_workers": "task: toy\ntrain: {num_workers: -1}\n",
+    "list_key": "task: toy\n? [1, 2]\n: 3\n",
 }
 
 
@@ -201,6 +202,7 @@ CASES: dict[str, Case] = {
     "recipe/latin-1": C(["validate", "{r:latin1}"], 2, "latin1.yaml", ["not a UTF-8 text file"]),
     "recipe/a folder": C(["validate", "{d}/folder.yaml"], 2, "is a folder"),
     "recipe/literal typo": C(["validate", "{r:literal}"], 2, "did you mean 'max'"),
+    "recipe/a list as a key": C(["validate", "{r:list_key}"], 2, "list_key.yaml:2", ["unhashable key"]),
     "recipe/negative workers": C(["validate", "{r:neg_workers}"], 2, "train.num_workers: must be >= 0"),
     "recipe/task os:path": C(["validate", "{r:os_path}"], 2, "not a subclass of tk.core.task.Task"),
     "recipe/task not a Task": C(["validate", "{r:not_task}"], 2, "not a subclass of tk.core.task.Task"),

@@ -175,3 +175,11 @@ def test_task_that_is_not_a_task_class(tmp_path):
     path.write_text("task: os:path\n")
     with pytest.raises(TkError, match="not a subclass of tk.core.task.Task; `task: module:Class` must name"):
         load_config(str(path))
+
+
+def test_yaml_merge_keys_may_be_overridden_without_a_duplicate_error(toy_site, tmp_path):
+    path = tmp_path / "merge.yaml"
+    base = "task: toy\noptim:\n  <<: {lr: 0.5, weight_decay: 0.1}\n  lr: 0.25\n"
+    path.write_text(base)
+    cfg, _ = load_config(str(path))
+    assert cfg.optim.lr == 0.25 and cfg.optim.weight_decay == 0.1
