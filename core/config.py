@@ -83,8 +83,8 @@ class RunConfig:
 class ConfigError(TkError):
     """One or more problems with a recipe, all of them in one line: ``source: problem``,
     or ``source: 3 problems: (1) ...; (2) ...; (3) ...``. A problem that starts with
-    ``override '...'`` comes from the command line, so a single one is not prefixed
-    with the recipe file."""
+    ``override '...'`` comes from the command line: when all of them do, the recipe
+    file is not named."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.problems = problems
