@@ -224,6 +224,15 @@ def _fail_in_step(monkeypatch, at_step: int, error: BaseException) -> None:
     monkeypatch.setattr(Trainer, "train_step", step)
 
 
+def _fail_in_evaluate(monkeypatch) -> None:
+    from tk.core.engine.train import Trainer
+
+    def evaluate(self, *args, **kwargs):
+        raise TkError("the val split folder 'x/val' does not exist")
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+
+
 def _disk_full(monkeypatch, at_save: int = 1) -> None:
     import errno
 
@@ -251,6 +260,8 @@ FAILURES_BEFORE_FIRST_CHECKPOINT = {
                         "non-finite"),
     "crash in step 1": ([], lambda mp: _fail_in_step(mp, 1, RuntimeError("CUDA error: device-side assert")), 1,
                         "RuntimeError: CUDA error"),
+    "val split missing at the first evaluation": ([], lambda mp: _fail_in_evaluate(mp), 1,
+                                                  "the val split folder 'x/val' does not exist (at step 2"),
     "Ctrl-C in step 2": ([], lambda mp: _fail_in_step(mp, 2, KeyboardInterrupt()), 130, "interrupted"),
     "disk full at the first save": ([], _disk_full, 1, "disk full (No space left on device) while writing"),
 }
