@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "greedy_decode": "nn.generation",
     "beam_search": "nn.generation", "sample": "nn.generation",
     # the task contract and the engine
-    "Task": "task", "StepOutput": "step", "TkError": "errors",
+    "Task": "task", "StepOutput": "step", "TkError": "errors", "RunError": "errors",
     # data loading
     "LoaderSpec": "data.loader", "build_loader": "data.loader", "build_sampler": "data.loader",
     "WorkerSeeding": "data.loader", "TokenBudgetBatchSampler": "data.samplers",
@@ -48,7 +48,7 @@ _EXPORTS: dict[str, str] = {
     "EvalContext": "step", "TaskFiles": "artifacts", "assemble": "engine.assemble", "AssembledRun": "engine.assemble",
     "MetricCollection": "metrics", "param_groups": "engine.optim", "move_to_device": "engine.device",
     "load_run": "engine.inference", "evaluate_run": "engine.inference", "average_run": "engine.inference",
-    "TrainingInterrupted": "engine.signals", "TrainingFailed": "engine.signals",
+    "TrainingInterrupted": "engine.signals",
     "main_process_first": "engine.distributed", "is_main_process": "engine.distributed",
     # prediction, plugin discovery, config docs
     "predict_run": "engine.inference", "discover_commands": "registry", "field_docs": "docs",

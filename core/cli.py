@@ -17,7 +17,6 @@ from pathlib import Path
 import click
 
 import tk
-from tk.core.engine.signals import TrainingFailed
 from tk.core.errors import TkError
 from tk.core.plugin_commands import PluginCommands, describe_command
 
@@ -39,7 +38,25 @@ debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eage
 
 
 class TkGroup(click.Group):
-    """A click group that turns exceptions into one-line errors and exit codes."""
+    """A click group that turns exceptions into one-line errors and exit codes: click's
+    own usage errors and TkError exit 2 (a RunError, found during a run, exits 1)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            click.echo(f"error: {_one_line(e.format_message())}{where}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"error: {_one_line(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -52,16 +69,19 @@ class TkGroup(click.Group):
         except TkError as e:
             if _debug_requested(ctx):
                 traceback.print_exc()
-            click.echo(f"error: {e}", err=True)
-            ctx.exit(2)
+            click.echo(f"error: {_one_line(str(e))}", err=True)
+            ctx.exit(e.exit_code)
         except Exception as e:  # a failure during a run
             if _debug_requested(ctx):
                 traceback.print_exc()
             else:
                 hint = " (run with --debug for the full traceback)"
-                what = str(e) if isinstance(e, TrainingFailed) else f"{type(e).__name__}: {e}"
-                click.echo(f"error: {what}{hint}", err=True)
+                click.echo(f"error: {type(e).__name__}: {_one_line(str(e))}{hint}", err=True)
             ctx.exit(1)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 class CliGroup(PluginCommands, TkGroup):
@@ -147,10 +167,13 @@ def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @overrides_argument
 @debug_option
 def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
-    """Check a recipe (schema and cross-field rules) without running it."""
+    """Check a recipe (schema, cross-field rules, the device and precision on this
+    machine) without running it; everything `tk run` checks except the data."""
+    from tk.core.engine.device import preflight
     from tk.core.recipe import load_config
 
     cfg, _ = load_config(recipe, list(overrides))
+    preflight(cfg)
     click.echo(f"{cfg.source}: ok (task {cfg.task})")
 
 
@@ -158,13 +181,16 @@ def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @recipe_argument
 @overrides_argument
 @click.option("--resume", is_flag=True, help="Continue the run in output_dir from its last checkpoint.")
-@click.option("--overwrite", is_flag=True, help="Delete a previous run in output_dir first.")
+@click.option("--resume-from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Like --resume, but continue from this checkpoint file (e.g. a step_*.pt).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a previous tk run in output_dir (kept until the new run's first checkpoint).")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Train in N processes on this machine (DDP through torchrun; one per GPU).")
 @debug_option
 @click.pass_context
-def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume: bool, overwrite: bool,
-            nproc_per_node: int | None) -> None:
+def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume: bool, resume_from: str | None,
+            overwrite: bool, nproc_per_node: int | None) -> None:
     """Train a recipe: a file path or a built-in recipe name, plus key.sub=value overrides.
 
     SIGINT (Ctrl-C) or SIGTERM stops after the current update and saves a checkpoint
@@ -177,13 +203,14 @@ def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume:
         from tk.core.recipe import load_config
 
         cfg, _ = load_config(recipe, list(overrides))  # config problems: exit 2 before launching
-        check_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
+        check_run_dir(cfg.output_dir, resume=resume or bool(resume_from), overwrite=overwrite)
         flags = ["--resume"] * resume + ["--overwrite"] * overwrite + ["--debug"] * _debug_requested(ctx)
+        flags += ["--resume-from", resume_from] if resume_from else []
         ctx.exit(launch(nproc_per_node, ["run", recipe, *overrides, *flags]))
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         results = run_training(recipe, list(overrides), resume=resume, overwrite=overwrite,
-                               echo=click.echo if main else (lambda _m: None))
+                               echo=click.echo if main else (lambda _m: None), resume_from=resume_from)
     except TrainingInterrupted as e:
         if main:
             click.echo(str(e), err=True)
@@ -211,7 +238,8 @@ def summary_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @overrides_argument
 @click.option("--checkpoint", default="best", show_default=True, help="best, last, or a checkpoint path.")
-@click.option("--split", default="val", show_default=True, help="The split to evaluate (val, test).")
+@click.option("--split", default="val", show_default=True, type=click.Choice(["val", "test", "train"]),
+              help="The split to evaluate.")
 @click.option("--ema", is_flag=True, help="Evaluate the EMA weights (runs with train.ema_decay).")
 @click.option("--weights", default=None, help="A bare .safetensors file to evaluate with the run's config.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")

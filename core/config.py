@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -80,16 +81,21 @@ class RunConfig:
 
 
 class ConfigError(TkError):
-    """One or more problems with a recipe (all of them, in one message)."""
+    """One or more problems with a recipe, all of them in one line: ``source: problem``,
+    or ``source: 3 problems: (1) ...; (2) ...; (3) ...``. A problem that starts with
+    ``override '...'`` comes from the command line: when all of them do, the recipe
+    file is not named."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.problems = problems
-        where = f"{source}: " if source else ""
+        from_file = [p for p in problems if not p.startswith("override ")]
+        where = f"{source}: " if source and from_file else ""
         if len(problems) == 1:
             msg = where + problems[0]
         else:
-            msg = f"{where}{len(problems)} problems:\n" + "\n".join("  " + p for p in problems)
-        super().__init__(msg)
+            listed = "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
+            msg = f"{where}{len(problems)} problems: {listed}"
+        super().__init__(msg.replace("\n", " "))
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -155,12 +161,16 @@ def convert_value(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for arg in (a for a in args if a is not type(None)):
+        options = [a for a in args if a is not type(None)]
+        for arg in options:
             sub: list[str] = []
             out = convert_value(arg, value, path, sub)
             if not sub:
                 return out
-        errors.append(f"{path}: expected {_type_name(tp)}, found {describe_value(value)}")
+        if len(options) == 1 and not sub[0].startswith(f"{path}: expected {_type_name(options[0])},"):
+            errors.extend(sub)  # e.g. a non-finite float, or a nested section's own problems
+        else:
+            errors.append(f"{path}: expected {_type_name(tp)}, found {describe_value(value)}")
         return None
     if origin is Literal:
         if value in args:
@@ -190,8 +200,11 @@ def convert_value(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
             return int(number)
     elif tp is float:
         number = _as_number(value)
-        if number is not None:
+        if number is not None and math.isfinite(number):
             return float(number)
+        if number is not None:
+            errors.append(f"{path}: expected a finite number, found {value!r}")
+            return None
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -218,26 +231,39 @@ def _as_number(value: Any) -> float | int | None:
 
 
 def build_dataclass(cls: type, raw: dict[str, Any], path: str, errors: list[str]) -> Any:
-    """Build ``cls`` from a mapping, appending every problem to ``errors``."""
+    """Build ``cls`` from a mapping, appending every problem to ``errors``.
+
+    A field whose value is wrong keeps its default, so that the instance can still be
+    built and range-checked (every problem of a recipe is reported at once); None
+    only when a required field is missing or the constructor refuses."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
+    own: list[str] = []
     for key, value in raw.items():
         key_path = f"{path}.{key}" if path else str(key)
         if key not in fields:
-            errors.append(f"{key_path}: unknown key{did_you_mean(key, fields)} "
-                          f"(valid keys: {', '.join(fields)})")
+            own.append(f"{key_path}: unknown key{did_you_mean(key, fields)} "
+                       f"(valid keys: {', '.join(fields)})")
             continue
-        kwargs[key] = convert_value(hints[key], value, key_path, errors)
+        bad: list[str] = []
+        converted = convert_value(hints[key], value, key_path, bad)
+        own.extend(bad)
+        if not bad:
+            kwargs[key] = converted
+    missing = False
     for name, f in fields.items():
         if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            errors.append(f"{path}.{name}: missing required key (expected {_type_name(hints[name])})")
-    if errors:
+            own.append(f"{path}.{name}: missing required key (expected {_type_name(hints[name])})")
+            missing = True
+    errors.extend(own)
+    if missing:
         return None
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:  # a dataclass __post_init__ check
-        errors.append(f"{path}: {e}")
+        if not own:
+            errors.append(f"{path}: {e}")
         return None
 
 

@@ -47,6 +47,9 @@ def find_recipe(recipe: str) -> Path:
     path = Path(recipe).expanduser()
     if path.is_file():
         return path
+    if path.is_dir():
+        raise TkError(f"recipe {recipe!r} is a folder, not a YAML file; pass a file inside it "
+                      f"or a built-in recipe name (run `tk list`)")
     builtins = builtin_recipes()
     if recipe in builtins:
         return builtins[recipe]
@@ -57,19 +60,50 @@ def find_recipe(recipe: str) -> Path:
     )
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping of a recipe names the same key twice."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate mapping keys (plain YAML keeps the
+    last one silently, so a second ``optim:`` section would replace the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                continue  # yaml's own construct_mapping reports it
+            if key in seen:
+                raise DuplicateKeyError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key].line + 1}); keep one of them",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return problem if isinstance(e, DuplicateKeyError) else f"YAML syntax error: {problem}"
+
+
 def read_recipe(path: Path) -> dict[str, Any]:
-    """Parse a recipe file with ``yaml.safe_load``; syntax errors carry line and column."""
+    """Parse a recipe file (YAML, duplicate keys refused); errors carry line and column."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TkError(f"{path}: not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r}); "
+                      f"a recipe is YAML text, saved as UTF-8") from e
     except OSError as e:
         raise TkError(f"cannot read recipe {path}: {e.strerror}") from e
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise TkError(f"{where}: YAML syntax error: {problem}") from e
+        raise TkError(f"{where}: {_yaml_problem(e)}") from e
     if raw is None:
         raise TkError(f"{path}: the recipe is empty; it needs at least `task: <name>` (see `tk list`)")
     if not isinstance(raw, dict):
@@ -83,9 +117,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
         raise TkError(f"override {text!r} is not of the form key.sub=value (e.g. train.max_steps=100)")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        parsed = value  # not valid YAML: take it as a plain string
+        parsed = yaml.load(value, Loader=StrictLoader) if value.strip() else None
+    except yaml.YAMLError as e:
+        raise TkError(f"override {text!r}: the value is not valid YAML ({_yaml_problem(e)}); "
+                      "fix it, or put the value in YAML quotes for a plain string") from e
     return key.strip().split("."), parsed
 
 
@@ -140,25 +175,25 @@ def load_config(recipe: str | Path, overrides: list[str] = (), *, task_loader=No
 
     Raises:
         TkError: the recipe cannot be found or read, or the task cannot be loaded.
-        ConfigError: every schema and cross-field problem, at once.
+        ConfigError: every schema and cross-field problem, at once; a problem of an
+            override names the override (``override 'optim.lr=0': ...``).
     """
-    task_loader = task_loader or load_task
     path = find_recipe(str(recipe))
     raw = read_recipe(path)
-    parsed = [(parse_override(o), o) for o in overrides]
+    errors: list[str] = []
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.append((parse_override(text), text))
+        except TkError as e:
+            errors.append(str(e))
     for (keys, value), _ in parsed:
         if keys == ["task"]:
             raw["task"] = value
     source = str(path)
-    task_name = raw.get("task")
-    if task_name is None:
-        raise ConfigError(source, ["task: missing; name the task to run, e.g. `task: image_classification` (see `tk list`)"])
-    if not isinstance(task_name, str):
-        raise ConfigError(source, [f"task: expected a task name (str), found {describe_value(task_name)}"])
-    task_cls = task_loader(task_name)
+    task_cls = _load_task(raw.get("task"), source, task_loader or load_task)
     schema = recipe_schema(task_cls)
 
-    errors: list[str] = []
     for (keys, value), text in parsed:
         problem = _check_override_path(schema, keys, text)
         if problem:
@@ -173,24 +208,70 @@ def load_config(recipe: str | Path, overrides: list[str] = (), *, task_loader=No
     for name, tp in schema.items():
         if name in ("task", "output_dir"):
             continue
-        value = raw.get(name)
-        if value is None:
-            value = {}
-        sections[name] = convert_value(tp, value, name, errors)
+        if name in raw and raw[name] is None:
+            errors.append(f"{name}: null is not a section; remove the key to keep the defaults, "
+                          f"or give a mapping, e.g. `{name}: {{...}}`")
+        sections[name] = convert_value(tp, {} if raw.get(name) is None else raw[name], name, errors)
     output_dir = convert_value(str | None, raw.get("output_dir"), "output_dir", errors)
+    problems = _rule_problems(task_cls, raw["task"], sections, output_dir, path, complete=not errors)
+    errors = _name_overrides(errors + problems, parsed)
     if errors:
         raise ConfigError(source, errors)
+    return _run_config(raw["task"], sections, output_dir, path), task_cls
 
-    cfg = RunConfig(
+
+def _load_task(task_name: Any, source: str, task_loader) -> type:
+    """The task class for ``task:``; every problem is a one-line TkError."""
+    if task_name is None:
+        raise ConfigError(source, ["task: missing; name the task to run, e.g. `task: image_classification` (see `tk list`)"])
+    if not isinstance(task_name, str):
+        raise ConfigError(source, [f"task: expected a task name (str), found {describe_value(task_name)}"])
+    try:
+        return task_loader(task_name)
+    except TypeError as e:  # registry: the object named is not a Task subclass
+        raise TkError(f"{e}; `task: module:Class` must name a Task class (see docs/plugins.md)") from e
+
+
+def _run_config(task_name: str, sections: dict[str, Any], output_dir: str | None, path: Path) -> RunConfig:
+    return RunConfig(
         task=task_name,
         sections={k: v for k, v in sections.items() if k not in CORE_SECTIONS},
         optim=sections["optim"], schedule=sections["schedule"], train=sections["train"],
         output_dir=output_dir or str(Path("runs") / path.stem),
-        source=source, name=path.stem,
+        source=str(path), name=path.stem,
     )
-    problems = check_core_rules(cfg) + section_checks(cfg) + list(task_cls.check_config(cfg))
-    if problems:
-        raise ConfigError(source, problems)
-    return cfg, task_cls
 
 
+def _rule_problems(task_cls: type, task_name: str, sections: dict[str, Any], output_dir: str | None,
+                   path: Path, complete: bool) -> list[str]:
+    """Range and cross-field problems. Also run after type errors (the wrong fields hold
+    their defaults then), so that every problem is reported at once; a task's own
+    check is skipped when a section could not be built at all."""
+    if any(v is None for v in sections.values()):
+        return []
+    cfg = _run_config(task_name, sections, output_dir, path)
+    problems = check_core_rules(cfg) + section_checks(cfg)
+    try:
+        problems += list(task_cls.check_config(cfg))
+    except Exception:
+        if complete:
+            raise
+    return problems
+
+
+def _name_overrides(problems: list[str], parsed: list[tuple[tuple[list[str], Any], str]]) -> list[str]:
+    """Attribute each problem about a key that an override set to that override:
+    ``optim.lr must be > 0`` -> ``override 'optim.lr=0': optim.lr must be > 0``."""
+    out = []
+    for problem in problems:
+        if not problem.startswith("override "):
+            for (keys, _), text in reversed(parsed):  # the last override of a key wins
+                prefix = ".".join(keys)
+                if problem.startswith(prefix + ": "):
+                    problem = f"override {text!r}: {problem[len(prefix) + 2:]}"
+                    break
+                if problem.startswith(prefix) and problem[len(prefix):len(prefix) + 1] in (":", ".", "[", " "):
+                    problem = f"override {text!r}: {problem}"
+                    break
+        out.append(problem)
+    return out

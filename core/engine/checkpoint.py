@@ -12,10 +12,11 @@ import json
 import os
 import random
 import re
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -23,7 +24,7 @@ from torch import nn
 from tk.core.errors import TkError
 
 __all__ = [
-    "save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state",
+    "save_checkpoint", "load_checkpoint", "CheckpointReadError", "intact_checkpoints", "capture_rng_state", "restore_rng_state",
     "CheckpointManager", "preserved_rng", "load_model_state", "export_safetensors", "average_checkpoints",
 ]
 
@@ -55,6 +56,11 @@ def _atomic_write(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None and e.errno is not None:  # a write to the open file: name it (e.g. disk full)
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -74,30 +80,58 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
     _atomic_write(Path(path), lambda f: torch.save(payload, f))
 
 
+class CheckpointReadError(TkError):
+    """A checkpoint file is missing, damaged or not a tk checkpoint."""
+
+
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: no code
     in the file is run).
 
     Raises:
-        TkError: the file is missing, unreadable, or not a tk checkpoint.
+        CheckpointReadError: the file is missing, unreadable, or not a tk checkpoint.
     """
     path = Path(path)
     if not path.is_file():
-        raise TkError(f"checkpoint {str(path)!r} does not exist; check the path (or the run folder's checkpoints)")
+        raise CheckpointReadError(f"checkpoint {str(path)!r} does not exist; check the path (or the run "
+                                  f"folder's checkpoints)")
+    with open(path, "rb") as f:
+        if f.read(2) != b"PK":  # torch.save writes a zip archive
+            raise CheckpointReadError(f"{str(path)!r} is not a checkpoint (not a torch.save zip file); "
+                                      f"pass a .pt file written by `tk run`")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # pickle errors, truncated zip files, unsafe types
-        raise TkError(
-            f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-            "(truncated or not a tk checkpoint; tk loads with weights_only=True)"
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [""])[0]
+        raise CheckpointReadError(
+            f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {detail} "
+            "(damaged, truncated or not a tk checkpoint; tk loads with weights_only=True)"
         ) from e
     if not isinstance(state, dict) or _MARK not in state:
-        raise TkError(
+        raise CheckpointReadError(
             f"{str(path)!r} is not a tk checkpoint (no {_MARK!r} marker); for a plain model state_dict "
             "use torch.load + load_model_state"
         )
     state.pop(_MARK)
     return state
+
+
+def intact_checkpoints(directory: str | Path) -> list[Path]:
+    """The checkpoints of a run's ``checkpoints/`` folder that load, newest step first
+    (``last.pt`` and ``best.pt`` before the step files). Each file is read in full."""
+    directory = Path(directory)
+    steps = sorted(((int(m.group(1)), p) for p in directory.glob("step_*.pt") if (m := _STEP_RE.match(p.name))),
+                   reverse=True)
+    candidates = [directory / "last.pt", directory / "best.pt", *(p for _, p in steps)]
+    intact = []
+    for path in candidates:
+        if path.is_file():
+            try:
+                load_checkpoint(path)
+            except TkError:
+                continue
+            intact.append(path)
+    return intact
 
 
 # -- RNG ------------------------------------------------------------------------------
@@ -157,24 +191,18 @@ def preserved_rng() -> Iterator[None]:
         restore_rng_state(state)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Make ``dst`` the same file as ``src`` (hard link: no extra disk), atomically."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-        os.replace(tmp, dst)
-    except OSError:  # file systems without hard links
-        tmp.unlink(missing_ok=True)
-        _atomic_write(dst, lambda f: f.write(src.read_bytes()))
-    _fsync_dir(dst.parent)
+def _copy_atomic(src: Path, dst: Path) -> None:
+    """Make ``dst`` an independent copy of ``src``, atomically (a copy, not a hard link:
+    damage to one file must not break the other)."""
+    with open(src, "rb") as source:
+        _atomic_write(dst, lambda f: shutil.copyfileobj(source, f, 1 << 24))
 
 
 class CheckpointManager:
     """Keeps ``step_XXXXXXXX.pt`` for the last ``keep_last`` saves, plus ``last.pt`` (the
-    newest) and ``best.pt`` (best ``metric`` so far). ``last.pt``/``best.pt`` are hard links
-    to step files when the file system allows (copies otherwise), so they cost no disk and
-    load like any checkpoint. ``checkpoints.json`` remembers the best metric across resumes.
+    newest) and ``best.pt`` (best ``metric`` so far). ``last.pt`` and ``best.pt`` are
+    separate copies, each written atomically, so that a damaged file breaks only itself.
+    ``checkpoints.json`` remembers the best metric across resumes.
 
     Args:
         directory: folder of the checkpoints (created if needed).
@@ -188,6 +216,12 @@ class CheckpointManager:
         self.keep_last = keep_last
         self._index = self.directory / "checkpoints.json"
         self.info: dict[str, Any] = json.loads(self._index.read_text()) if self._index.is_file() else {}
+        self._save_hooks: list[Callable[[Path], None]] = []
+
+    def add_save_hook(self, hook: Callable[[Path], None]) -> None:
+        """Call ``hook(step_path)`` after every complete save (e.g. ``tk run --overwrite``
+        deletes the previous run once the new one has its first checkpoint)."""
+        self._save_hooks.append(hook)
 
     def step_path(self, step: int) -> Path:
         return self.directory / f"step_{step:08d}.pt"
@@ -201,9 +235,9 @@ class CheckpointManager:
         """
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
-        path = self.step_path(step)
-        save_checkpoint(path, state)
-        _link_or_copy(path, self.directory / "last.pt")
+        path, last = self.step_path(step), self.directory / "last.pt"
+        save_checkpoint(last, state)  # last.pt first: once step_N.pt exists, last.pt holds step N too
+        _copy_atomic(last, path)
         self.info["last"] = {"step": step}
         best = self.info.get("best")
         if metric is not None and metric == metric:  # NaN never wins
@@ -211,10 +245,12 @@ class CheckpointManager:
                 metric > best["metric"] if mode == "max" else metric < best["metric"]
             )
             if better:
-                _link_or_copy(path, self.directory / "best.pt")
+                _copy_atomic(last, self.directory / "best.pt")
                 self.info["best"] = {"step": step, "metric": float(metric), "mode": mode}
         _atomic_write(self._index, lambda f: f.write(json.dumps(self.info, indent=2).encode()))
         self._prune()
+        for hook in self._save_hooks:
+            hook(path)
         return path
 
     def _steps(self) -> list[tuple[int, Path]]:

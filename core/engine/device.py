@@ -18,21 +18,37 @@ __all__ = ["resolve_device", "preflight", "seed_everything", "enable_grad_checkp
 
 
 def resolve_device(name: str) -> torch.device:
-    """``train.device`` -> a torch device ("auto" picks CUDA when available)."""
+    """``train.device`` -> a torch device ("auto" picks CUDA when available).
+
+    Raises:
+        TkError: not a device name, a device type tk does not train on, or a device
+            this machine lacks (CUDA without a GPU, ``cuda:N`` past the last GPU, MPS).
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError as e:
         raise TkError(f"train.device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from e
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise TkError(f"train.device: {name!r} ({device.type}) is not supported; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TkError(f"train.device: {name!r} requested but CUDA is not available; use train.device=cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise TkError(f"train.device: {name!r} requested but this machine has {torch.cuda.device_count()} "
+                      f"GPU(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise TkError(f"train.device: {name!r} requested but MPS is not available; use train.device=cpu")
     return device
 
 
 def preflight(cfg) -> torch.device:
-    """Checks that need the machine (device, precision support), run before a run
-    directory is created. Raises TkError."""
+    """Checks that need the machine (device, precision support), run by ``tk validate``
+    and before a run directory is created.
+
+    Raises:
+        TkError: see :func:`resolve_device` and :class:`~tk.core.engine.precision.Precision`.
+    """
     device = resolve_device(cfg.train.device)
     problem = check_precision(cfg.train.precision, device)
     if problem:

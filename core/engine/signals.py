@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["TrainingInterrupted", "TrainingFailed", "stop_signals"]
+__all__ = ["TrainingInterrupted", "stop_signals"]
 
 
 class TrainingInterrupted(Exception):
@@ -20,17 +20,6 @@ class TrainingInterrupted(Exception):
         where = f"; checkpoint saved to {checkpoint}" if checkpoint else ""
         super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}{where}; "
                          f"continue with `tk run ... --resume`")
-
-
-class TrainingFailed(RuntimeError):
-    """An error stopped the run after training had started; says where the work is saved."""
-
-    def __init__(self, error: BaseException, step: int, checkpoint: Path | None) -> None:
-        self.error, self.step, self.checkpoint = error, step, checkpoint
-        where = (f"the last checkpoint is {checkpoint}: fix the problem and continue with `tk run ... --resume`"
-                 if checkpoint else "no checkpoint was saved")
-        reason = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
-        super().__init__(f"{reason} (after step {step}; {where})")
 
 
 @contextlib.contextmanager

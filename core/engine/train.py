@@ -47,7 +47,7 @@ from tk.core.engine.optim import build_optimizer
 from tk.core.engine.precision import Precision
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, train_line, window_record
 from tk.core.engine.schedule import build_scheduler
-from tk.core.engine.signals import TrainingFailed, TrainingInterrupted, stop_signals
+from tk.core.engine.signals import TrainingInterrupted, stop_signals
 from tk.core.engine.summary import ActivationMeter, count_parameters, format_bytes
 from tk.core.errors import TkError
 from tk.core.step import EvalContext, StepOutput
@@ -417,10 +417,11 @@ class Trainer:
         try:
             with stop_signals(self._on_signal, rearm=self.world_size == 1):
                 results = self._loop(bar)
-        except (TrainingInterrupted, KeyboardInterrupt):
+        except TrainingInterrupted:
             raise
-        except Exception as e:
-            raise TrainingFailed(e, self.step, self._save_after_failure()) from e
+        except Exception:
+            self._save_after_failure()
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -468,19 +469,18 @@ class Trainer:
                 break
         return results
 
-    def _save_after_failure(self) -> Path | None:
+    def _save_after_failure(self) -> None:
         """After an error outside an update (evaluation, logging), save the completed
-        updates if they are not saved yet; return the newest checkpoint. Inside an update
-        (a half-accumulated step) or with several processes (saving is a collective the
-        others may never reach) the last regular checkpoint stands."""
-        if self.checkpoints is None:
-            return None
-        if self.world_size == 1 and not self._in_update and self._saved_step != self.step and self.step > 0:
+        updates if they are not saved yet (``checkpoints.latest()`` then names them).
+        Inside an update (a half-accumulated step) or with several processes (saving is a
+        collective the others may never reach) the last regular checkpoint stands."""
+        if self.checkpoints is None or self.world_size > 1 or self._in_update:
+            return
+        if self._saved_step != self.step and self.step > 0:
             try:
-                return self.save_checkpoint()
+                self.save_checkpoint()
             except Exception:  # noqa: BLE001 - the original error matters more; keep the older checkpoint
                 pass
-        return self.checkpoints.latest()
 
     def _on_signal(self, signum: int) -> None:
         self._signal_received = signum

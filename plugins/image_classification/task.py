@@ -6,10 +6,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
+import timm
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from tk.core.config import did_you_mean
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
@@ -71,6 +73,10 @@ class ImageClassificationTask(Task):
     def check_config(cls, cfg: Any) -> list[str]:
         data: DataConfig = cfg.sections["data"]
         problems = check_model(cfg.sections["model"], data.img_size)
+        timm_name = cfg.sections["model"].timm
+        if timm_name is not None and not timm.is_model(timm_name):  # tk validate catches it, not build_model
+            problems.append(f"model.timm: {timm_name!r} is not a timm model{did_you_mean(timm_name, timm.list_models())}"
+                            f" (see timm.list_models())")
         problems += check_mixup(cfg.sections.get("mixup") or MixupConfig(), cfg.train.batch_size)
         policy_problem = check_auto_augment(data.auto_augment)
         if policy_problem:

@@ -42,8 +42,12 @@ def test_load_errors(tmp_path):
     with pytest.raises(TkError, match="not a tk checkpoint"):
         C.load_checkpoint(tmp_path / "plain.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a zip file at all")
-    with pytest.raises(TkError, match="cannot read checkpoint"):
+    with pytest.raises(TkError, match=r"is not a checkpoint \(not a torch.save zip file\)"):
         C.load_checkpoint(tmp_path / "junk.pt")
+    C.save_checkpoint(tmp_path / "cut.pt", {"w": torch.zeros(100)})
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "cut.pt").read_bytes()[:300])
+    with pytest.raises(C.CheckpointReadError, match="cannot read checkpoint .*damaged, truncated"):
+        C.load_checkpoint(tmp_path / "cut.pt")
 
 
 def test_crash_during_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
@@ -142,3 +146,39 @@ def test_export_safetensors_tied_weights(tmp_path):
     C.export_safetensors({"view": big[2:5], "t": big.view(2, 5).t()}, tmp_path / "v.safetensors")
     loaded = load_file(tmp_path / "v.safetensors")
     assert loaded["view"].tolist() == [2.0, 3.0, 4.0] and loaded["t"].shape == (5, 2)
+
+
+def test_last_best_and_step_files_fail_one_at_a_time(tmp_path):
+    manager = C.CheckpointManager(tmp_path, keep_last=2)
+    saved = []
+    manager.add_save_hook(saved.append)
+    manager.save({"w": torch.tensor([1.0])}, step=1, metric=0.5)
+    manager.save({"w": torch.tensor([2.0])}, step=2, metric=0.1)  # mode max: best stays step 1
+    assert saved == [tmp_path / "step_00000001.pt", tmp_path / "step_00000002.pt"]
+    last, best, step2 = tmp_path / "last.pt", tmp_path / "best.pt", tmp_path / "step_00000002.pt"
+    assert last.stat().st_ino != step2.stat().st_ino and last.stat().st_nlink == 1  # copies, not hard links
+    assert last.read_bytes() == step2.read_bytes()
+    last.write_bytes(last.read_bytes()[:40])  # damage last.pt only
+    assert C.load_checkpoint(step2)["w"].item() == 2.0
+    assert C.load_checkpoint(best)["w"].item() == 1.0
+    with pytest.raises(C.CheckpointReadError, match="cannot read checkpoint"):
+        C.load_checkpoint(last)
+    assert C.intact_checkpoints(tmp_path) == [best, step2, tmp_path / "step_00000001.pt"]
+
+
+def test_disk_full_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    import errno
+
+    C.save_checkpoint(tmp_path / "a.pt", {"w": torch.tensor([1.0])})
+
+    def full(_obj, f, *a, **k):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(C.torch, "save", full)
+    with pytest.raises(OSError) as e:
+        C.save_checkpoint(tmp_path / "a.pt", {"w": torch.tensor([2.0])})
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "a.pt")
+    monkeypatch.undo()
+    assert C.load_checkpoint(tmp_path / "a.pt")["w"].item() == 1.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]  # no temp file left behind

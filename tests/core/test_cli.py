@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import tk
 from tk.core.cli import cli
+from tk.core.errors import TkError
 
 from ..conftest import make_distribution
 
@@ -95,7 +96,7 @@ BAD_INPUTS = {
     "unknown task": (["{task}"], "unknown task 'toyy'"),
     "unknown key": (["{recipe}", "optim.lrr=0.1"], "did you mean 'lr'?"),
     "unknown key in file": (["{unknown_key}"], "optim.lrr: unknown key; did you mean 'lr'?"),
-    "wrong type": (["{recipe}", "train.batch_size=big"], "train.batch_size: expected int, found 'big' (str)"),
+    "wrong type": (["{recipe}", "train.batch_size=big"], "override 'train.batch_size=big': expected int, found 'big'"),
     "override of missing key": (["{recipe}", "data.nope=1"], "unknown key 'nope' in data"),
     "broken plugin": (["{broken}"], "failed to import: ImportError: boom"),
     "non-empty run dir": (["{recipe}"], "is not empty (a previous run?); pass --resume"),
@@ -181,10 +182,141 @@ def test_missing_data_leaves_no_half_made_run_dir(tmp_path):
 def test_overwrite_keeps_the_old_run_when_the_new_one_fails_to_start(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    (run_dir / ".tk-run").write_text('{"tk_run": true, "run_id": "0"}\n')
     (run_dir / "config.yaml").write_text("task: image_classification\n")
     (run_dir / "metrics.jsonl").write_text("{}\n")
     before = snapshot(tmp_path)
     result = CliRunner().invoke(cli, ["run", "quickstart", "data.source=imagefolder", "--overwrite",
                                       f"data.root={tmp_path / 'no_such_folder'}", f"output_dir={run_dir}"])
-    assert result.exit_code == 2
+    assert result.exit_code == 2 and "no_such_folder" in result.stderr
     assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+FAST = ["train.max_steps=4", "train.eval_every=2"]
+
+
+def test_run_dirs_carry_a_marker_and_overwrite_refuses_a_foreign_config_yaml(toy_site, toy_recipe, tmp_path):
+    run_dir = tmp_path / "run"
+    assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", *FAST).exit_code == 0
+    marker = json.loads((run_dir / ".tk-run").read_text())
+    assert marker["tk_run"] is True and marker["tk_version"] == tk.__version__ and len(marker["run_id"]) == 32
+    foreign = tmp_path / "project"
+    (foreign / "sub").mkdir(parents=True)
+    (foreign / "config.yaml").write_text("db: x\n")
+    (foreign / "thesis.txt").write_text("t\n")
+    (foreign / "sub" / "data.csv").write_text("1,2\n")
+    before = snapshot(tmp_path)
+    result = CliRunner().invoke(cli, ["run", str(toy_recipe), f"output_dir={foreign}", "--overwrite", *FAST])
+    assert result.exit_code == 2, result.output
+    assert "was not made by `tk run` (no .tk-run marker); refusing to delete it" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert snapshot(tmp_path) == before and not list(tmp_path.glob(".*tk-overwritten"))
+
+
+def _fail_in_step(monkeypatch, at_step: int, error: BaseException) -> None:
+    from tk.core.engine.train import Trainer
+
+    real = Trainer.train_step
+
+    def step(self):
+        if self.step + 1 >= at_step:
+            raise error
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+
+
+def _fail_in_evaluate(monkeypatch) -> None:
+    from tk.core.engine.train import Trainer
+
+    def evaluate(self, *args, **kwargs):
+        raise TkError("the val split folder 'x/val' does not exist")
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+
+
+def _disk_full(monkeypatch, at_save: int = 1) -> None:
+    import errno
+
+    import tk.core.engine.checkpoint as ckpt
+
+    real, calls = ckpt.torch.save, []
+
+    def save(obj, f, *a, **k):
+        calls.append(1)
+        if len(calls) >= at_save:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(ckpt.torch, "save", save)
+
+
+FAILURES_BEFORE_FIRST_CHECKPOINT = {
+    # name: (overrides, monkeypatch set-up, exit code, message fragment)
+    "config error": (["optim.lr=0"], None, 2, "optim.lr must be > 0"),
+    "machine": (["train.device=cuda:7"], None, 2, "train.device"),
+    "set-up (grad_accum > batches)": (["train.grad_accum=1000"], None, 2, "train.grad_accum"),
+    "data error in step 2": ([], lambda mp: _fail_in_step(mp, 2, TkError("image 'x.png' is corrupt")), 1,
+                             "image 'x.png' is corrupt (at step 1; the previous run in"),
+    "non-finite loss": (["optim.lr=1e30", "optim.name=sgd", "train.max_bad_steps=1"], None, 1,
+                        "non-finite"),
+    "crash in step 1": ([], lambda mp: _fail_in_step(mp, 1, RuntimeError("CUDA error: device-side assert")), 1,
+                        "RuntimeError: CUDA error"),
+    "val split missing at the first evaluation": ([], lambda mp: _fail_in_evaluate(mp), 1,
+                                                  "the val split folder 'x/val' does not exist (at step 2"),
+    "Ctrl-C in step 2": ([], lambda mp: _fail_in_step(mp, 2, KeyboardInterrupt()), 130, "interrupted"),
+    "disk full at the first save": ([], _disk_full, 1, "disk full (No space left on device) while writing"),
+}
+
+
+@pytest.mark.parametrize("case", list(FAILURES_BEFORE_FIRST_CHECKPOINT))
+def test_overwrite_puts_the_old_run_back_when_the_new_one_fails_before_its_first_checkpoint(
+        case, toy_site, toy_recipe, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", *FAST).exit_code == 0
+    overrides, patch, code, fragment = FAILURES_BEFORE_FIRST_CHECKPOINT[case]
+    before = snapshot(tmp_path)
+    if patch:
+        patch(monkeypatch)
+    result = CliRunner().invoke(cli, ["run", str(toy_recipe), f"output_dir={run_dir}", "--overwrite", *FAST,
+                                      *overrides])
+    assert result.exit_code == code, result.output
+    assert fragment in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert snapshot(tmp_path) == before  # byte-identical, set-aside copy gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["run", "site", "toy.yaml"])
+
+
+def test_overwrite_drops_the_old_run_at_the_first_checkpoint(toy_site, toy_recipe, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", *FAST).exit_code == 0
+    old_id = json.loads((run_dir / ".tk-run").read_text())["run_id"]
+    _fail_in_step(monkeypatch, 3, TkError("image 'x.png' is corrupt"))
+    result = CliRunner().invoke(cli, ["run", str(toy_recipe), f"output_dir={run_dir}", "--overwrite",
+                                      "train.max_steps=4", "train.eval_every=4", "train.save_every=2"])
+    assert result.exit_code == 1  # found after training started: a run failure, not a config error
+    assert "image 'x.png' is corrupt (at step 2; the last checkpoint" in result.stderr
+    assert "(step 2) is intact" in result.stderr and "--resume`" in result.stderr
+    assert json.loads((run_dir / ".tk-run").read_text())["run_id"] != old_id
+    assert (run_dir / "checkpoints" / "step_00000002.pt").is_file()
+    assert not list(tmp_path.glob(".*tk-overwritten"))
+
+
+def test_damaged_last_checkpoint_names_the_intact_ones_and_resume_from_continues(toy_site, toy_recipe, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["run", str(toy_recipe), f"output_dir={run_dir}", "train.max_steps=4", "train.eval_every=2"]
+    assert invoke(*args).exit_code == 0
+    last = run_dir / "checkpoints" / "last.pt"
+    last.write_bytes(last.read_bytes()[:100])
+    before = snapshot(tmp_path)
+    result = CliRunner().invoke(cli, [*args[:3], "train.max_steps=6", "--resume"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    step4 = run_dir / "checkpoints" / "step_00000004.pt"
+    assert "intact checkpoints: best.pt, step_00000004.pt, step_00000002.pt" in result.stderr
+    assert f"--resume-from {step4}`" in result.stderr
+    assert snapshot(tmp_path) == before
+    result = CliRunner().invoke(cli, [*args[:3], "train.max_steps=6", "--resume-from", str(step4)])
+    assert result.exit_code == 0, result.output
+    assert [r["step"] for r in read_metrics(run_dir) if r["split"] == "val"] == [2, 4, 6]
+    from tk.core.engine.checkpoint import load_checkpoint
+
+    assert load_checkpoint(last)["step"] == 6  # last.pt written afresh

@@ -1,5 +1,6 @@
 """Recipe loading: schema, overrides, all-errors-at-once, suggestions, line numbers."""
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,8 +66,9 @@ def test_override_of_missing_key_is_an_error(toy_site, toy_recipe):
 def test_cross_field_rules(toy_site, toy_recipe):
     with pytest.raises(ConfigError) as e:
         load_config(str(toy_recipe), ["train.grad_accum=0", "optim.lr=-1"])
-    assert "train.grad_accum: must be >= 1, got 0" in str(e.value)
-    assert "optim.lr must be > 0" in str(e.value)
+    assert "override 'train.grad_accum=0': must be >= 1, got 0" in str(e.value)
+    assert "override 'optim.lr=-1': optim.lr must be > 0" in str(e.value)
+    assert "\n" not in str(e.value) and str(e.value).count("problems") == 1
 
 
 def test_yaml_syntax_error_carries_line(toy_site, tmp_path):
@@ -112,3 +114,72 @@ def test_build_dataclass_types():
     build_dataclass(_Nested, {"sizes": [1, 2.5], "ratio": True}, "x", errors)
     assert errors == ["x.sizes[1]: expected int, found 2.5 (float)",
                       "x.ratio: expected float or null, found True (bool)"]
+
+
+def test_duplicate_keys_are_refused_with_file_and_line(toy_site, tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("task: toy\noptim:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(TkError, match=r"dup\.yaml:4:3: duplicate key 'lr' \(first at line 3\)"):
+        load_config(str(path))
+    with pytest.raises(TkError, match=r"override 'optim=\{lr: 1, lr: 2\}'.*duplicate key 'lr'"):
+        load_config(_ok(tmp_path), ["optim={lr: 1, lr: 2}"])
+
+
+def _ok(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("task: toy\n")
+    return str(path)
+
+
+def test_broken_override_values_and_null_sections_are_errors(toy_site, tmp_path):
+    with pytest.raises(TkError, match=r"override 'optim.betas=\[0.9,': the value is not valid YAML"):
+        load_config(_ok(tmp_path), ["optim.betas=[0.9,"])
+    with pytest.raises(TkError, match=r"^override 'model=null': null is not a section; remove the key"):
+        load_config(_ok(tmp_path), ["model=null"])
+    path = tmp_path / "null.yaml"
+    path.write_text("task: toy\nmodel:\n")
+    with pytest.raises(TkError, match=r"null\.yaml: model: null is not a section"):
+        load_config(str(path))
+    cfg, _ = load_config(_ok(tmp_path), ["optim.betas=[0.8, 0.9]", "data.num_classes=3"])  # valid ones still work
+    assert cfg.optim.betas == [0.8, 0.9] and cfg.sections["data"].num_classes == 3
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "nan", "inf", "1e999"])
+def test_non_finite_floats_are_refused(toy_site, tmp_path, value):
+    with pytest.raises(TkError, match=rf"override 'optim.lr={re.escape(value)}': expected a finite number"):
+        load_config(_ok(tmp_path), [f"optim.lr={value}"])
+
+
+def test_every_problem_at_once_in_one_line(toy_site, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(_ok(tmp_path), ["train.batch_size=abc", "optim.lr=0", "model.dimm=3", "optim.betas=[1,"])
+    msg = str(e.value)
+    assert "\n" not in msg and "4 problems" in msg
+    for part in ("override 'train.batch_size=abc': expected int", "override 'optim.lr=0': optim.lr must be > 0",
+                 "override 'model.dimm=3': unknown key 'dimm'", "override 'optim.betas=[1,': the value is not"):
+        assert part in msg
+    assert len(e.value.problems) == 4
+
+
+def test_unreadable_recipes_name_the_file(tmp_path):
+    (tmp_path / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00")
+    with pytest.raises(TkError, match=r"bin\.yaml: not a UTF-8 text file \(byte 0 is b'\\x89'\)"):
+        load_config(str(tmp_path / "bin.yaml"))
+    (tmp_path / "dir.yaml").mkdir()
+    with pytest.raises(TkError, match=r"is a folder, not a YAML file"):
+        load_config(str(tmp_path / "dir.yaml"))
+
+
+def test_task_that_is_not_a_task_class(tmp_path):
+    path = tmp_path / "os.yaml"
+    path.write_text("task: os:path\n")
+    with pytest.raises(TkError, match="not a subclass of tk.core.task.Task; `task: module:Class` must name"):
+        load_config(str(path))
+
+
+def test_yaml_merge_keys_may_be_overridden_without_a_duplicate_error(toy_site, tmp_path):
+    path = tmp_path / "merge.yaml"
+    base = "task: toy\noptim:\n  <<: {lr: 0.5, weight_decay: 0.1}\n  lr: 0.25\n"
+    path.write_text(base)
+    cfg, _ = load_config(str(path))
+    assert cfg.optim.lr == 0.25 and cfg.optim.weight_decay == 0.1

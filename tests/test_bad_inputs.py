@@ -1,0 +1,406 @@
+"""The catalogue of bad inputs (issue #11): every mistake a user can make at the `tk` CLI
+answers with one line on stderr (no traceback), the documented exit code (2: usage or
+config, nothing touched; 1: a failure during a run) and, where nothing should change,
+leaves every file byte-identical.
+
+Each case is (command args, exit code, a fragment of the message, whether the case
+folder must stay unchanged). Placeholders in the args name files of the case folder:
+``{d}`` the folder, ``{toy}`` a toy recipe, ``{faulty}`` a recipe of a task that fails on
+demand, ``{run}`` a finished toy run (with checkpoints), ``{foreign}`` a folder that
+holds a ``config.yaml`` of something else, ``{r:NAME}`` the recipe ``RECIPES[NAME]``.
+Cases run in-process through click's CliRunner; a few run as real subprocesses.
+
+Set ``TK_CATALOGUE_RECORD=path.jsonl`` to append every case's outcome to a file (the
+table in the issue note is made from it).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tk.core.cli import cli
+
+from .conftest import TOY_PLUGIN, make_distribution
+
+FAULTY_PLUGIN = textwrap.dedent('''
+    """A task that fails on demand, for the bad-input catalogue."""
+    from dataclasses import dataclass
+
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from tk.core.errors import TkError
+    from tk.core.metrics import Accuracy
+    from tk.core.task import StepOutput, Task
+
+
+    @dataclass
+    class FaultyData:
+        fail_at: str = "none"  # "build": building a split raises; "batch": a training batch raises
+        fail_batch: int = 3  # which collated batch raises (1-based)
+
+
+    @dataclass
+    class FaultyModel:
+        hidden: int = 8  # hidden width
+
+
+    class FaultyTask(Task):
+        """Two-class blobs that fail on demand (test plugin)."""
+
+        name = "faulty"
+        DataConfig = FaultyData
+        ModelConfig = FaultyModel
+
+        def build_dataset(self, split):
+            if self.data.fail_at == "build":
+                raise TkError(f"data.root: the {split} split folder 'x/{split}' does not exist")
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(64, 4, generator=g)
+            return TensorDataset(x, (x[:, 0] > 0).long())
+
+        def collate(self, samples):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.data.fail_at == "batch" and self.calls >= self.data.fail_batch:
+                raise TkError("image 'x/train/cat/7.png' cannot be read (truncated file); "
+                              "fix or remove it, or set data.on_bad_image=skip")
+            x, y = torch.utils.data.default_collate(samples)
+            return {"x": x, "labels": y}
+
+        def build_model(self):
+            return nn.Sequential(nn.Linear(4, self.model_cfg.hidden), nn.ReLU(), nn.Linear(self.model_cfg.hidden, 2))
+
+        def loss(self, model, batch):
+            logits = model(batch["x"])
+            loss = nn.functional.cross_entropy(logits, batch["labels"], reduction="sum")
+            return StepOutput(loss=loss, num_items=batch["labels"].numel(), outputs=logits)
+
+        def build_metrics(self, split):
+            return {"acc": Accuracy(topk=(1,))}
+
+
+    class NotATask:
+        """Not a tk Task."""
+''')
+
+TOY = "task: toy\nmodel: {hidden: 16}\noptim: {lr: 0.01}\ntrain: {max_steps: 8, batch_size: 16, eval_every: 4, progress: false}\n"
+FAULTY = "task: faulty\ntrain: {max_steps: 8, batch_size: 16, eval_every: 4, progress: false}\n"
+
+RECIPES: dict[str, str | bytes] = {
+    "syntax": "task: toy\ntrain: {batch_size: [1, 2}\n",
+    "empty": "# nothing here\n",
+    "list": "- task: toy\n",
+    "no_task": "train: {batch_size: 4}\n",
+    "task_int": "task: 3\n",
+    "unknown_task": "task: toyy\n",
+    "top_key": "task: toy\ntrian: {batch_size: 4}\n",
+    "section_key": "task: toy\noptim: {lrr: 0.1}\n",
+    "section_type": "task: toy\ntrain: {batch_size: big}\n",
+    "section_scalar": "task: toy\nmodel: 3\n",
+    "section_null": "task: toy\nmodel: null\n",
+    "dup_top": "task: toy\noptim: {lr: 0.1}\ntrain: {batch_size: 4}\noptim: {lr: 0.2}\n",
+    "dup_nested": "task: toy\noptim:\n  lr: 0.1\n  weight_decay: 0.0\n  lr: 0.2\n",
+    "nan": "task: toy\noptim: {lr: .nan}\n",
+    "inf": "task: toy\noptim: {lr: .inf}\n",
+    "three": "task: toy\ntrain: {batch_size: abc}\noptim: {lr: 0}\nmodel: {dimm: 3}\n",
+    "binary": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\xff\xfe",
+    "latin1": "# Recette d'\xe9t\xe9\ntask: toy\n".encode("latin-1"),
+    "os_path": "task: os:path\n",
+    "not_task": "task: tk_faulty_plugin:NotATask\n",
+    "no_module": "task: tk_no_such_module:Task\n",
+    "no_attr": "task: tk_faulty_plugin:Nope\n",
+    "broken": "task: broken\n",
+    "literal": "task: toy\ntrain: {best_mode: maxx}\n",
+    "neg_workers": "task: toy\ntrain: {num_workers: -1}\n",
+    "list_key": "task: toy\n? [1, 2]\n: 3\n",
+}
+
+
+@dataclass
+class Case:
+    args: list[str]
+    code: int
+    fragment: str
+    fragments: list[str] = field(default_factory=list)  # further fragments
+    unchanged: bool = True  # every file of the case folder byte-identical afterwards
+    setup: Callable[[Path, pytest.MonkeyPatch], None] | None = None
+    subprocess: bool = False
+
+
+def _corrupt(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+
+
+def corrupt_last(d: Path, _mp) -> None:
+    _corrupt(d / "run" / "checkpoints" / "last.pt")
+
+
+def corrupt_all(d: Path, _mp) -> None:
+    for p in (d / "run" / "checkpoints").glob("*.pt"):
+        _corrupt(p)
+
+
+def read_only_dir(d: Path, _mp) -> None:
+    (d / "ro").mkdir()
+    (d / "ro").chmod(0o500)
+
+
+def disk_full_on_second_save(_d: Path, mp: pytest.MonkeyPatch) -> None:
+    import tk.core.engine.checkpoint as ckpt
+
+    real, calls = ckpt.torch.save, []
+
+    def save(obj, f, *a, **k):
+        calls.append(1)
+        if len(calls) >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(obj, f, *a, **k)
+
+    mp.setattr(ckpt.torch, "save", save)
+
+
+LONG = "x" * 300
+C = Case
+CASES: dict[str, Case] = {
+    # -- recipes ---------------------------------------------------------------------
+    "recipe/missing": C(["validate", "{d}/nope.yaml"], 2, "recipe not found: "),
+    "recipe/builtin typo": C(["validate", "quickstrat"], 2, "did you mean 'quickstart'"),
+    "recipe/yaml syntax": C(["validate", "{r:syntax}"], 2, "syntax.yaml:2"),
+    "recipe/empty": C(["validate", "{r:empty}"], 2, "the recipe is empty"),
+    "recipe/a list": C(["validate", "{r:list}"], 2, "must be a mapping"),
+    "recipe/no task": C(["validate", "{r:no_task}"], 2, "task: missing"),
+    "recipe/task not a name": C(["validate", "{r:task_int}"], 2, "expected a task name"),
+    "recipe/unknown task": C(["validate", "{r:unknown_task}"], 2, "unknown task 'toyy'; did you mean 'toy'"),
+    "recipe/unknown top key": C(["validate", "{r:top_key}"], 2, "did you mean 'train'"),
+    "recipe/unknown section key": C(["validate", "{r:section_key}"], 2, "optim.lrr: unknown key; did you mean 'lr'"),
+    "recipe/wrong type": C(["validate", "{r:section_type}"], 2, "train.batch_size: expected int, found 'big'"),
+    "recipe/section a scalar": C(["validate", "{r:section_scalar}"], 2, "model: expected a mapping"),
+    "recipe/section null": C(["validate", "{r:section_null}"], 2, "remove the key"),
+    "recipe/duplicate top key": C(["validate", "{r:dup_top}"], 2, "dup_top.yaml:4", ["duplicate key 'optim'"]),
+    "recipe/duplicate nested key": C(["validate", "{r:dup_nested}"], 2, "dup_nested.yaml:5",
+                                     ["duplicate key 'lr'"]),
+    "recipe/nan": C(["validate", "{r:nan}"], 2, "optim.lr: expected a finite number"),
+    "recipe/inf": C(["validate", "{r:inf}"], 2, "optim.lr: expected a finite number"),
+    "recipe/every problem at once": C(["validate", "{r:three}"], 2, "3 problems",
+                                      ["train.batch_size", "optim.lr", "model.dimm"]),
+    "recipe/binary": C(["validate", "{r:binary}"], 2, "binary.yaml", ["not a UTF-8 text file"]),
+    "recipe/latin-1": C(["validate", "{r:latin1}"], 2, "latin1.yaml", ["not a UTF-8 text file"]),
+    "recipe/a folder": C(["validate", "{d}/folder.yaml"], 2, "is a folder"),
+    "recipe/literal typo": C(["validate", "{r:literal}"], 2, "did you mean 'max'"),
+    "recipe/a list as a key": C(["validate", "{r:list_key}"], 2, "list_key.yaml:2", ["unhashable key"]),
+    "recipe/negative workers": C(["validate", "{r:neg_workers}"], 2, "train.num_workers: must be >= 0"),
+    "recipe/task os:path": C(["validate", "{r:os_path}"], 2, "not a subclass of tk.core.task.Task"),
+    "recipe/task not a Task": C(["validate", "{r:not_task}"], 2, "not a subclass of tk.core.task.Task"),
+    "recipe/task no module": C(["validate", "{r:no_module}"], 2, "cannot import module 'tk_no_such_module'"),
+    "recipe/task no attribute": C(["validate", "{r:no_attr}"], 2, "Nope"),
+    "recipe/broken plugin": C(["validate", "{r:broken}"], 2, "failed to import: ImportError: boom"),
+    "recipe/run checks it too": C(["run", "{r:three}", "output_dir={d}/new"], 2, "3 problems"),
+    # -- overrides -------------------------------------------------------------------
+    "override/no equals": C(["validate", "{toy}", "optim.lr"], 2, "is not of the form key.sub=value"),
+    "override/empty key": C(["validate", "{toy}", "=3"], 2, "is not of the form key.sub=value"),
+    "override/empty part": C(["validate", "{toy}", "optim..lr=3"], 2, "is not of the form key.sub=value"),
+    "override/unknown key": C(["validate", "{toy}", "optim.lrr=0.1"], 2, "override 'optim.lrr=0.1'",
+                              ["did you mean 'lr'"]),
+    "override/unknown section": C(["validate", "{toy}", "modle.hidden=3"], 2, "did you mean 'model'"),
+    "override/not a section": C(["validate", "{toy}", "train.batch_size.x=3"], 2, "is not a section"),
+    "override/wrong type": C(["validate", "{toy}", "train.batch_size=abc"], 2,
+                             "override 'train.batch_size=abc': expected int"),
+    "override/range": C(["validate", "{toy}", "optim.lr=0"], 2, "override 'optim.lr=0': ", ["must be > 0"]),
+    "override/not the file": C(["validate", "{toy}", "optim.lr=0"], 2, "override 'optim.lr=0'"),
+    "override/float for int": C(["validate", "{toy}", "train.batch_size=1.5"], 2, "expected int, found 1.5"),
+    "override/zero steps": C(["validate", "{toy}", "train.max_steps=0"], 2, "must be >= 1"),
+    "override/broken yaml": C(["validate", "{toy}", "optim.betas=[0.9,"], 2, "override 'optim.betas=[0.9,'",
+                              ["YAML"]),
+    "override/section null": C(["validate", "{toy}", "model=null"], 2, "override 'model=null'",
+                               ["remove the key"]),
+    "override/section scalar": C(["validate", "{toy}", "train=3"], 2, "expected a mapping"),
+    "override/inf": C(["validate", "{toy}", "optim.lr=.inf"], 2, "override 'optim.lr=.inf'", ["finite"]),
+    "override/nan": C(["validate", "{toy}", "optim.lr=nan"], 2, "override 'optim.lr=nan'", ["finite"]),
+    "override/nan elsewhere": C(["validate", "{toy}", "train.clip_grad_norm=.nan"], 2, "finite"),
+    "override/every problem at once": C(["validate", "{toy}", "train.batch_size=abc", "optim.lr=0",
+                                         "model.dimm=3"], 2, "3 problems",
+                                        ["override 'train.batch_size=abc'", "override 'optim.lr=0'",
+                                         "override 'model.dimm=3'"]),
+    "override/unknown task": C(["validate", "{toy}", "task=toyy"], 2, "unknown task 'toyy'"),
+    "override/task os:path": C(["validate", "{toy}", "task=os:path"], 2, "not a subclass of tk.core.task.Task"),
+    "override/literal": C(["validate", "{toy}", "train.precision=fp8"], 2, "one of 'fp32', 'bf16', 'fp16'"),
+    "override/timm name": C(["validate", "quickstart", "model.timm=resnet181"], 2,
+                            "override 'model.timm=resnet181': 'resnet181' is not a timm model; did you mean 'resnet18'"),
+    # -- the machine -------------------------------------------------------------------
+    "machine/device tpu": C(["validate", "{toy}", "train.device=tpu"], 2, "train.device"),
+    "machine/device nonsense": C(["validate", "{toy}", "train.device=gpu0"], 2, "is not a device"),
+    "machine/cuda without a GPU": C(["validate", "{toy}", "train.device=cuda"], 2, "CUDA is not available"),
+    "machine/fp16 on CPU": C(["validate", "{toy}", "train.device=cpu", "train.precision=fp16"], 2, "fp16"),
+    "machine/run checks before the dir": C(["run", "{toy}", "output_dir={d}/new", "train.device=cuda:7"], 2,
+                                           "CUDA is not available"),
+    # -- run dirs --------------------------------------------------------------------
+    "run dir/not empty": C(["run", "{toy}", "output_dir={run}"], 2, "is not empty (a previous run?)"),
+    "run dir/overwrite foreign config.yaml": C(["run", "{toy}", "output_dir={foreign}", "--overwrite"], 2,
+                                               "refusing to delete"),
+    "run dir/overwrite plain folder": C(["run", "{toy}", "output_dir={d}/plain", "--overwrite"], 2,
+                                        "refusing to delete"),
+    "run dir/resume nothing": C(["run", "{toy}", "output_dir={d}/new", "--resume"], 2, "holds no previous run"),
+    "run dir/resume foreign": C(["run", "{toy}", "output_dir={foreign}", "--resume"], 2, "holds no tk run"),
+    "run dir/resume and overwrite": C(["run", "{toy}", "output_dir={run}", "--resume", "--overwrite"], 2,
+                                      "exclude each other"),
+    "run dir/a file": C(["run", "{toy}", "output_dir={d}/afile"], 2, "is a file"),
+    "run dir/under a file": C(["run", "{toy}", "output_dir={d}/afile/run"], 2, "output_dir"),
+    "run dir/name too long": C(["run", "{toy}", f"output_dir={{d}}/{LONG}"], 2, "output_dir"),
+    "run dir/read-only": C(["run", "{toy}", "output_dir={d}/ro/run"], 2, "output_dir", setup=read_only_dir),
+    "run dir/not permitted": C(["run", "{toy}", "output_dir=/sys/tk-no-run-here"], 2, "output_dir"),
+    "run dir/proc": C(["run", "{toy}", "output_dir=/proc/tk-no-run-here"], 2, "output_dir"),
+    "run dir/overwrite, config error": C(["run", "{toy}", "output_dir={run}", "--overwrite", "optim.lr=0"], 2,
+                                         "optim.lr"),
+    "run dir/overwrite, data missing at set-up": C(["run", "{faulty}", "output_dir={run}", "--overwrite",
+                                                    "data.fail_at=build"], 2, "does not exist"),
+    "run dir/overwrite, machine problem": C(["run", "{toy}", "output_dir={run}", "--overwrite",
+                                             "train.device=cuda:7"], 2, "CUDA"),
+    "run dir/overwrite, failure before the first checkpoint": C(
+        ["run", "{faulty}", "output_dir={run}", "--overwrite", "data.fail_at=batch"], 1, "cannot be read",
+        ["previous run"]),
+    # -- checkpoints -----------------------------------------------------------------
+    "checkpoint/resume, last.pt damaged": C(["run", "{toy}", "output_dir={run}", "--resume"], 2,
+                                            "cannot read checkpoint", ["--resume-from", "step_00000004.pt"],
+                                            setup=corrupt_last),
+    "checkpoint/resume, all damaged": C(["run", "{toy}", "output_dir={run}", "--resume"], 2,
+                                        "no intact checkpoint", setup=corrupt_all),
+    "checkpoint/resume-from missing file": C(["run", "{toy}", "output_dir={run}", "--resume-from",
+                                              "{d}/nope.pt"], 2, "nope.pt"),
+    "checkpoint/resume-from and overwrite": C(["run", "{toy}", "output_dir={run}", "--overwrite",
+                                               "--resume-from", "{run}/checkpoints/best.pt"], 2,
+                                              "exclude each other"),
+    "checkpoint/resume another model": C(["run", "{toy}", "output_dir={run}", "--resume", "model.hidden=64"], 2,
+                                         "does not fit"),
+    "checkpoint/eval damaged last": C(["eval", "{run}", "--checkpoint", "last"], 2, "cannot read checkpoint",
+                                      setup=corrupt_last),
+    "checkpoint/eval missing file": C(["eval", "{run}", "--checkpoint", "{d}/nope.pt"], 2, "nope.pt"),
+    "checkpoint/eval not a checkpoint": C(["eval", "{run}", "--checkpoint", "{toy}"], 2, "toy.yaml", ["not a torch.save zip file"]),
+    "checkpoint/eval split banana": C(["eval", "{run}", "--split", "banana"], 2, "banana", ["val"]),
+    "checkpoint/eval no run": C(["eval", "{d}/nowhere"], 2, "nowhere"),
+    "checkpoint/eval foreign": C(["eval", "{foreign}"], 2, "foreign"),
+    "checkpoint/average last 0": C(["average", "{run}", "--last", "0", "-o", "{d}/avg.safetensors"], 2, "--last"),
+    "checkpoint/average too many": C(["average", "{run}", "--last", "99", "-o", "{d}/avg.safetensors"], 2,
+                                     "holds 2 step checkpoint(s)"),
+    "checkpoint/average no output": C(["average", "{run}"], 2, "'-o'"),
+    # -- the CLI ---------------------------------------------------------------------
+    "cli/no such command": C(["rnu", "{toy}"], 2, "No such command 'rnu'"),
+    "cli/no such option": C(["run", "{toy}", "--overwirte"], 2, "No such option '--overwirte'"),
+    "cli/missing argument": C(["run"], 2, "Missing argument 'RECIPE'"),
+    "cli/missing option value": C(["eval", "{run}", "--checkpoint"], 2, "--checkpoint"),
+    "cli/nproc 0": C(["run", "{toy}", "--nproc-per-node", "0"], 2, "--nproc-per-node"),
+    "cli/validate option": C(["validate", "{toy}", "--resume"], 2, "No such option"),
+    # -- failures during a run ---------------------------------------------------------
+    "run/data error mid-run": C(["run", "{faulty}", "output_dir={d}/new", "data.fail_at=batch",
+                                 "data.fail_batch=6"], 1, "cannot be read", unchanged=False),
+    "run/disk full": C(["run", "{toy}", "output_dir={d}/new", "train.save_every=2", "train.eval_every=8"], 1,
+                       "No space left on device", ["checkpoints/last.pt at step 4", "(step 2) is intact", "--resume"], unchanged=False,
+                       setup=disk_full_on_second_save),
+    # -- real processes ------------------------------------------------------------
+    "process/no such option": C(["run", "{toy}", "--overwirte"], 2, "No such option", subprocess=True),
+    "process/binary recipe": C(["validate", "{r:binary}"], 2, "not a UTF-8 text file", subprocess=True),
+    "process/overwrite foreign": C(["run", "{toy}", "output_dir={foreign}", "--overwrite"], 2,
+                                   "refusing to delete", subprocess=True),
+}
+# Slots for the cases of issue #11 items 2 (checks before training) and 6 (per-input
+# prediction errors): added with those features.
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """A site dir with the toy, faulty and broken plugins, and a finished toy run."""
+    root = tmp_path_factory.mktemp("world")
+    site = root / "site"
+    make_distribution(site, "tk-toy", "tk_toy_plugin", TOY_PLUGIN,
+                      {"toy": "tk_toy_plugin:ToyTask", "toy_tokens": "tk_toy_plugin:ToyTokenTask"})
+    make_distribution(site, "tk-faulty", "tk_faulty_plugin", FAULTY_PLUGIN, {"faulty": "tk_faulty_plugin:FaultyTask"})
+    make_distribution(site, "tk-broken", "tk_broken_plugin", "raise ImportError('boom')\n",
+                      {"broken": "tk_broken_plugin:Task"})
+    sys.path.insert(0, str(site))
+    (root / "toy.yaml").write_text(TOY)
+    result = CliRunner().invoke(cli, ["run", str(root / "toy.yaml"), f"output_dir={root / 'run'}"])
+    assert result.exit_code == 0, result.output
+    yield {"root": root, "site": site, "run": root / "run"}
+    sys.path.remove(str(site))
+
+
+def hashes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def make_case_dir(world: dict[str, Path], d: Path) -> dict[str, str]:
+    (d / "toy.yaml").write_text(TOY)
+    (d / "faulty.yaml").write_text(FAULTY)
+    shutil.copytree(world["run"], d / "run")
+    (d / "foreign").mkdir()
+    (d / "foreign" / "config.yaml").write_text("db: x\n")
+    (d / "foreign" / "thesis.txt").write_text("years of work\n")
+    (d / "plain").mkdir()
+    (d / "plain" / "thesis.txt").write_text("years of work\n")
+    (d / "afile").write_text("not a folder\n")
+    (d / "folder.yaml").mkdir()
+    (d / "recipes").mkdir()
+    for name, text in RECIPES.items():
+        path = d / "recipes" / f"{name}.yaml"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return {"d": str(d), "toy": str(d / "toy.yaml"), "faulty": str(d / "faulty.yaml"), "run": str(d / "run"),
+            "foreign": str(d / "foreign")}
+
+
+def expand(arg: str, places: dict[str, str]) -> str:
+    for name in RECIPES:
+        arg = arg.replace(f"{{r:{name}}}", f"{places['d']}/recipes/{name}.yaml")
+    return arg.format(**places)
+
+
+def run_case(case: Case, args: list[str], world) -> tuple[int, str]:
+    if not case.subprocess:
+        result = CliRunner().invoke(cli, args)
+        return result.exit_code, result.stderr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(world["site"]), *sys.path])}
+    proc = subprocess.run([sys.executable, "-m", "tk", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(name, world, tmp_path, monkeypatch):
+    case = CASES[name]
+    if "GPU" in name or "fp16" in name or "cuda" in name.lower():
+        if torch.cuda.is_available():
+            pytest.skip("needs a machine without CUDA")
+    if name == "run dir/read-only" and os.geteuid() == 0:
+        pytest.skip("root ignores file permissions (see 'run dir/not permitted')")
+    if name in ("run dir/not permitted", "run dir/proc") and not sys.platform.startswith("linux"):
+        pytest.skip("needs Linux's /sys and /proc")
+    places = make_case_dir(world, tmp_path)
+    if case.setup:
+        case.setup(tmp_path, monkeypatch)
+    args = [expand(a, places) for a in case.args]
+    before = hashes(tmp_path)
+    code, stderr = run_case(case, args, world)
+    record = os.environ.get("TK_CATALOGUE_RECORD")
+    if record:
+        with open(record, "a") as f:
+            f.write(json.dumps({"case": name, "code": code, "stderr": stderr.replace(str(tmp_path), "{d}")}) + "\n")
+    assert code == case.code, stderr
+    assert stderr.startswith("error: ") and stderr.count("\n") == 1, stderr  # one line, no traceback
+    for fragment in [case.fragment, *case.fragments]:
+        assert fragment in stderr, stderr
+    if case.unchanged:
+        assert hashes(tmp_path) == before
+    assert not list(tmp_path.glob(".*tk-overwritten"))
