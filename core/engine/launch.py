@@ -284,6 +284,7 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
             (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         if is_main and trainer.checkpoints is not None:
             trainer.checkpoints.add_save_hook(lambda _path: drop_set_aside(run_dir))
+            trainer.save_on_failure = lambda: not set_aside_path(run_dir).exists()
         fitting = True
         results = trainer.fit()
     except BaseException as e:

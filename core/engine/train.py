@@ -21,7 +21,7 @@ import difflib
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -114,6 +114,9 @@ class Trainer:
         self._saved_step = -1
         self._activation_bytes: int | None = None
         self._in_update = False  # a failure inside an update leaves no consistent state to save
+        # whether a failure may save the completed updates (the launcher says no while the run
+        # that --overwrite set aside is still kept: restoring it then loses nothing on disk)
+        self.save_on_failure: Callable[[], bool] = lambda: True
         if state is not None:
             self._resume(state, resume_from)
 
@@ -474,7 +477,7 @@ class Trainer:
         updates if they are not saved yet (``checkpoints.latest()`` then names them).
         Inside an update (a half-accumulated step) or with several processes (saving is a
         collective the others may never reach) the last regular checkpoint stands."""
-        if self.checkpoints is None or self.world_size > 1 or self._in_update:
+        if self.checkpoints is None or self.world_size > 1 or self._in_update or not self.save_on_failure():
             return
         if self._saved_step != self.step and self.step > 0:
             try:
