@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
+from tk.core.config import config_diff
 from tk.core.errors import TkError
 
 __all__ = [
@@ -389,3 +390,29 @@ def average_checkpoints(paths: Iterable[str | Path], key: str | None = "model") 
         k: (total[k] / len(paths)).to(v.dtype) if v.is_floating_point() else v.clone()
         for k, v in last.items()
     }
+
+
+def gather_rng_states(world_size: int) -> list[dict[str, Any]]:
+    """Every process's RNG states, rank order (a collective when ``world_size > 1``)."""
+    state = capture_rng_state()
+    if world_size == 1:
+        return [state]
+    gathered: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(gathered, state)
+    return gathered
+
+
+def load_resumed_model(model: nn.Module, state: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """Load a resumed checkpoint's weights into ``model``; returns the settings that differ
+    from the checkpoint's run (``config_diff`` lines).
+
+    Raises:
+        TkError: the weights do not fit, naming them and the model settings that changed.
+    """
+    diff = config_diff(state.get("config", {}), dict(config))
+    try:
+        load_model_state(model, state["model"])
+    except TkError as e:
+        changed = "; ".join(d for d in diff if not d.startswith(("train.", "output_dir"))) or "none"
+        raise TkError(f"{e}. Settings that differ from the checkpoint's run: {changed}") from None
+    return diff

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ from tk.core.errors import TkError
 
 __all__ = [
     "DistInfo", "init_distributed", "is_distributed", "get_rank", "get_world_size",
-    "is_main_process", "barrier", "all_reduce_sum", "comm_device", "cleanup",
+    "is_main_process", "barrier", "all_reduce_sum", "comm_device", "cleanup", "float64_vector",
 ]
 
 
@@ -146,3 +146,12 @@ def cleanup() -> None:
     """Leave the process group, if one was joined."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def float64_vector(values: list[Any], device: torch.device) -> torch.Tensor:
+    """0-dim tensors and numbers, in order, as one float64 vector on ``device`` (one
+    host-to-device copy for all the numbers), e.g. to all-reduce them together."""
+    numbers = torch.tensor([float(v) for v in values if not torch.is_tensor(v)], dtype=torch.float64,
+                           device=device).unbind()
+    it = iter(numbers)
+    return torch.stack([v.double().reshape(()) if torch.is_tensor(v) else next(it) for v in values])

@@ -11,6 +11,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from tk.core.engine.summary import count_parameters, format_bytes
+
 __all__ = ["RunLog", "ProgressBar", "Throughput", "window_record", "train_line", "format_duration"]
 
 
@@ -186,3 +188,17 @@ def train_line(record: dict[str, Any], total_steps: int, eta: float) -> str:
     return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
             f"grad_norm {record['grad_norm']:.3f}  {record['items_per_s']:,.0f} items/s  "
             f"eta {format_duration(eta)}{skipped}")
+
+
+def run_summary(cfg: Any, model: Any, device: Any, total_steps: int, steps_per_epoch: int | None, world_size: int,
+                ema: bool) -> str:
+    """The line a run starts with: model size, device and precision, the update plan."""
+    total, trainable = count_parameters(model)
+    t = cfg.train
+    extras = [name for name, on in (("EMA", ema), ("grad checkpointing", t.grad_checkpointing),
+                                    ("torch.compile", t.compile), ("deterministic", t.deterministic),
+                                    (f"overfitting {t.overfit_batches} batches", t.overfit_batches)) if on]
+    return (f"task {cfg.task}: {type(model).__name__} with {total:,} parameters "
+            f"({trainable:,} trainable, {format_bytes(4 * total)} in fp32) on {device} ({t.precision}); "
+            f"{total_steps} updates of {t.batch_size} x {t.grad_accum} x {world_size} samples "
+            f"({steps_per_epoch or 'no'} updates per epoch)" + (f"; {', '.join(extras)}" if extras else ""))

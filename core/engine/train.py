@@ -17,7 +17,6 @@ resumed run draws the same batches and random numbers as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import signal
 import time
 from pathlib import Path
@@ -26,29 +25,28 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from tk.core.config import RunConfig, config_diff
-from tk.core.data.loader import LoaderSpec
+from tk.core.config import RunConfig
 from tk.core.engine.assemble import assemble
-from tk.core.engine.batches import BatchStream, FixedBatches, agreed_length, loader_length
+from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, split_loader, wrap_ddp
 from tk.core.engine.checkpoint import (
     CheckpointManager,
-    capture_rng_state,
     export_safetensors,
+    gather_rng_states,
     load_checkpoint,
-    load_model_state,
+    load_resumed_model,
     preserved_rng,
     restore_rng_state,
 )
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
-from tk.core.engine.distributed import all_reduce_sum, main_process_first
+from tk.core.engine.distributed import all_reduce_sum, float64_vector, main_process_first
 from tk.core.engine.ema import ModelEMA
-from tk.core.engine.evaluate import evaluate_loader, metric_keys
+from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.optim import build_optimizer
 from tk.core.engine.precision import Precision
-from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, train_line, window_record
+from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, window_record
 from tk.core.engine.schedule import build_scheduler
 from tk.core.engine.signals import TrainingInterrupted, stop_signals
-from tk.core.engine.summary import ActivationMeter, count_parameters, format_bytes
+from tk.core.engine.summary import ActivationMeter, format_bytes
 from tk.core.errors import TkError
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
@@ -85,17 +83,18 @@ class Trainer:
                          build_data=self._build_loaders, main_first=main_process_first)
         self.task, self.model = built.task, built.model
         self.train_loader, self.val_loader = built.data
-        self.batches, self.steps_per_epoch = self._batch_stream()
+        self.batches, self.steps_per_epoch = batch_stream(self.train_loader, t, self.rank, self.world_size,
+                                                          self.log.echo)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.best_key = t.best_metric or "val/loss"
         self.best_mode = t.best_mode if t.best_metric else "min"
-        self._check_best_metric()
+        check_best_metric(self.task, self.best_key, with_ema=t.ema_decay is not None)
 
         if t.grad_checkpointing:
             enable_grad_checkpointing(self.model)
         self.model.to(self.device)
-        self.task.teacher = self._prepare_teacher(self.task.build_teacher())
-        self.ddp_model = self._wrap_ddp(self.model)
+        self.task.teacher = prepare_teacher(self.task.build_teacher(), self.device)
+        self.ddp_model = wrap_ddp(self.model, self.device, self.world_size)
         self.train_model = torch.compile(self.ddp_model) if t.compile else self.ddp_model
         self.ema = ModelEMA(self.model, t.ema_decay, t.ema_warmup_steps) if t.ema_decay is not None else None
         self.optimizer = build_optimizer(self.model, cfg.optim, groups=self.task.param_groups(self.model, cfg.optim))
@@ -124,70 +123,8 @@ class Trainer:
     def _build_loaders(self, task: Task):
         """Step 4 of the assembly: every split the run uses, so that a missing or broken
         val split fails now, not after training."""
-        return self._loader(task, "train", training=True), self._loader(task, "val", training=False)
-
-    def _loader(self, task: Task, split: str, training: bool):
-        t = self.tcfg
-        spec = LoaderSpec(
-            batch_size=t.batch_size if training else (t.eval_batch_size or t.batch_size),
-            shuffle=training, drop_last=training, seed=t.seed, num_workers=t.num_workers,
-            rank=self.rank, world_size=self.world_size, pin_memory=self.device.type == "cuda",
-        )
-        with preserved_rng():  # building data never shifts the training random numbers
-            loader = task.build_loader(split, spec)
-        if loader_length(loader) == 0:
-            size = loader_length(getattr(loader, "dataset", None)) or "?"
-            raise TkError(f"the {split} split yields no batches ({size} samples, batch size "
-                          f"{spec.batch_size} x {self.world_size} processes); add data or lower "
-                          f"train.{'batch_size' if training else 'eval_batch_size'}")
-        return loader
-
-    def _check_best_metric(self) -> None:
-        """``train.best_metric`` must be a key the evaluation returns: checked against the
-        metrics' declared keys before the first step."""
-        keys = metric_keys(self.task, EvalContext("val", kind="periodic"))
-        if self.tcfg.ema_decay is not None:
-            keys += metric_keys(self.task, EvalContext("val", kind="periodic", prefix="val_ema"))
-        if self.best_key not in keys:
-            close = difflib.get_close_matches(self.best_key, keys, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TkError(f"train.best_metric: {self.best_key!r} is not an evaluation result{hint} "
-                          f"(results: {', '.join(keys)})")
-
-    def _batch_stream(self):
-        t = self.tcfg
-        if t.overfit_batches:
-            return FixedBatches(self.train_loader, t.overfit_batches), max(1, t.overfit_batches // t.grad_accum)
-        fewest, most = agreed_length(self.train_loader, self.world_size)
-        if fewest is None:  # no len(): an IterableDataset or an endless sampler (RandomIndexSampler)
-            if t.max_steps is None:
-                raise TkError("train.max_steps: the train loader has no length (an IterableDataset or a sampler "
-                              "without __len__), so train.epochs cannot be counted; set train.max_steps (and "
-                              "train.eval_every to evaluate before the end)")
-            return BatchStream(self.train_loader, None, t.seed, self.rank), None
-        if fewest != most:  # DDP needs the same number of updates everywhere
-            self.log.echo(f"note: the train loader yields {fewest} to {most} batches per process; every process "
-                          f"uses {fewest} per pass")
-        steps = fewest // t.grad_accum
-        if steps == 0:
-            raise TkError(f"train.grad_accum ({t.grad_accum}) is larger than the {fewest} "
-                          f"batches of one pass over the train split; lower train.grad_accum or train.batch_size")
-        return BatchStream(self.train_loader, steps * t.grad_accum, t.seed, self.rank), steps
-
-    def _prepare_teacher(self, teacher: nn.Module | None) -> nn.Module | None:
-        if teacher is None:
-            return None
-        teacher = teacher.to(self.device).eval()
-        teacher.requires_grad_(False)
-        return teacher
-
-    def _wrap_ddp(self, model: nn.Module) -> nn.Module:
-        if self.world_size == 1:
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        return tuple(split_loader(task, split, self.tcfg, split == "train", self.rank, self.world_size, self.device)
+                     for split in ("train", "val"))
 
     # -- one update ------------------------------------------------------------------
     def _prescale(self) -> bool:
@@ -238,7 +175,7 @@ class Trainer:
         if self.world_size == 1:
             return self._apply_update(loss, items, logs, prescale)
         keys = sorted(logs)  # sums over processes, in one order: loss, items, "anyone got a signal", logs
-        stats = _float64_vector([loss, items, float(self._signal_received > 0), *(logs[k] for k in keys)], self.device)
+        stats = float64_vector([loss, items, float(self._signal_received > 0), *(logs[k] for k in keys)], self.device)
         all_reduce_sum(stats)
         loss, items, stop, *values = stats.unbind()
         return self._apply_update(loss, items, dict(zip(keys, values)), prescale, stop)
@@ -304,7 +241,8 @@ class Trainer:
         ctx = EvalContext(split, self.step, kind, self.progress["evaluations"], prefix or "")
         out_dir = self.run_dir / "eval" if self.run_dir is not None else None
         with preserved_rng():
-            loader = self.val_loader if split == "val" else self._loader(self.task, split, training=False)
+            loader = self.val_loader if split == "val" else \
+                split_loader(self.task, split, self.tcfg, False, self.rank, self.world_size, self.device)
             return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision, ctx,
                                    out_dir)
 
@@ -330,18 +268,9 @@ class Trainer:
         return results, value
 
     # -- checkpoints -----------------------------------------------------------------
-    def _rng_states(self) -> list[dict[str, Any]]:
-        """Every process's RNG states, rank order (a collective when distributed)."""
-        state = capture_rng_state()
-        if self.world_size == 1:
-            return [state]
-        gathered: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(gathered, state)
-        return gathered
-
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs. Collective when distributed: call on every process."""
-        rng = self._rng_states()
+        rng = gather_rng_states(self.world_size)
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "precision": self.precision.state_dict(),
@@ -355,12 +284,7 @@ class Trainer:
         """Restore :meth:`state_dict` (all but the task state, which the assembly restored
         before set-up); a checkpoint of another model fails with a message naming the
         mismatching weights and the config settings that differ."""
-        diff = config_diff(state.get("config", {}), self.cfg.to_dict())
-        try:
-            load_model_state(self.model, state["model"])
-        except TkError as e:
-            changed = "; ".join(d for d in diff if not d.startswith(("train.", "output_dir"))) or "none"
-            raise TkError(f"{e}. Settings that differ from the checkpoint's run: {changed}") from None
+        diff = load_resumed_model(self.model, state, self.cfg.to_dict())
         if diff:
             self.log.echo("resuming with changed settings: " + "; ".join(diff))
         self.optimizer.load_state_dict(state["optimizer"])
@@ -414,7 +338,8 @@ class Trainer:
         Raises:
             TrainingInterrupted: SIGINT/SIGTERM arrived; a checkpoint was saved first.
         """
-        self._print_summary()
+        self.log.echo(run_summary(self.cfg, self.model, self.device, self.total_steps, self.steps_per_epoch,
+                                  self.world_size, ema=self.ema is not None))
         bar = ProgressBar(self.total_steps, self.step) if self.tcfg.progress and self.is_main else None
         self.log.attach_bar(bar)
         try:
@@ -504,24 +429,3 @@ class Trainer:
         self.log.echo(train_line(record, self.total_steps, eta), console=bar is None)
         if bar is not None:
             bar.show(record["loss"], record["lr"], record["items_per_s"])
-
-    def _print_summary(self) -> None:
-        total, trainable = count_parameters(self.model)
-        t = self.tcfg
-        extras = [name for name, on in (("EMA", self.ema), ("grad checkpointing", t.grad_checkpointing),
-                                        ("torch.compile", t.compile), ("deterministic", t.deterministic),
-                                        (f"overfitting {t.overfit_batches} batches", t.overfit_batches)) if on]
-        self.log.echo(
-            f"task {self.cfg.task}: {type(self.model).__name__} with {total:,} parameters "
-            f"({trainable:,} trainable, {format_bytes(4 * total)} in fp32) on {self.device} ({t.precision}); "
-            f"{self.total_steps} updates of {t.batch_size} x {t.grad_accum} x {self.world_size} samples "
-            f"({self.steps_per_epoch or 'no'} updates per epoch)" + (f"; {', '.join(extras)}" if extras else ""))
-
-
-def _float64_vector(values: list[Any], device: torch.device) -> torch.Tensor:
-    """0-dim tensors and numbers, in order, as one float64 vector on ``device`` (one
-    host-to-device copy for all the numbers)."""
-    numbers = torch.tensor([float(v) for v in values if not torch.is_tensor(v)], dtype=torch.float64,
-                           device=device).unbind()
-    it = iter(numbers)
-    return torch.stack([v.double().reshape(()) if torch.is_tensor(v) else next(it) for v in values])
