@@ -50,7 +50,7 @@ FAULTY_PLUGIN = textwrap.dedent('''
 
     @dataclass
     class FaultyData:
-        fail_at: str = "none"  # "build": building a split raises; "batch": a training batch raises
+        fail_at: str = "none"  # "build": building a split raises; "val": building val raises; "batch": a training batch raises
         fail_batch: int = 3  # which collated batch raises (1-based)
 
 
@@ -67,7 +67,7 @@ FAULTY_PLUGIN = textwrap.dedent('''
         ModelConfig = FaultyModel
 
         def build_dataset(self, split):
-            if self.data.fail_at == "build":
+            if self.data.fail_at == "build" or (self.data.fail_at == "val" and split == "val"):
                 raise TkError(f"data.root: the {split} split folder 'x/{split}' does not exist")
             g = torch.Generator().manual_seed(0)
             x = torch.randn(64, 4, generator=g)
@@ -316,8 +316,56 @@ CASES: dict[str, Case] = {
     "process/overwrite foreign": C(["run", "{toy}", "output_dir={foreign}", "--overwrite"], 2,
                                    "refusing to delete", subprocess=True),
 }
-# Slots for the cases of issue #11 items 2 (checks before training) and 6 (per-input
-# prediction errors): added with those features.
+IMAGES = ["run", "quickstart", "data.source=imagefolder", "data.root={d}/images", "data.img_size=16",
+          "model.patch_size=4", "model.dim=16", "model.depth=1", "model.num_heads=2", "train.max_steps=2",
+          "train.batch_size=2", "train.eval_batch_size=2", "train.eval_every=2", "output_dir={d}/new"]
+
+
+def image_folder(d: Path, val_classes=("a", "b"), bad_val: bool = False) -> None:
+    """``d/images/{train,val}/<class>/*.png``: 4 tiny images per class; optionally other
+    val classes or one unreadable val file."""
+    from PIL import Image
+
+    for split, classes in (("train", ("a", "b")), ("val", val_classes)):
+        for c in classes:
+            (d / "images" / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (16, 16), (60 * i, 100 if c == "a" else 200, 0)).save(d / "images" / split / c / f"{i}.png")
+    if bad_val:
+        (d / "images" / "val" / "a" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+
+
+def predict_inputs(d: Path, _mp) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(d / "ok.png")
+    (d / "bad.png").write_bytes(b"not an image")
+
+
+# Issue #11 item 2: checks that must fail before the first training step (nothing run,
+# nothing left on disk), and item 6: prediction errors are per input.
+CASES.update({
+    "before training/best_metric typo": C(["run", "{toy}", "output_dir={d}/new", "train.best_metric=val/top"], 2,
+                                          "train.best_metric: 'val/top' is not an evaluation result",
+                                          ["did you mean 'val/top1'?"]),
+    "before training/best_metric of EMA off": C(["run", "{toy}", "output_dir={d}/new",
+                                                 "train.best_metric=val_ema/top1"], 2, "'val_ema/top1'",
+                                                ["results: val/loss, val/top1"]),
+    "before training/val split missing": C(["run", "{faulty}", "output_dir={d}/new", "data.fail_at=val"], 2,
+                                           "the val split folder 'x/val' does not exist"),
+    "before training/val classes differ": C(IMAGES, 2, "every split needs the same class folders",
+                                            setup=lambda d, _mp: image_folder(d, val_classes=("a", "c"))),
+    "before training/unreadable val image": C(IMAGES, 2, "broken.png", ["data.on_bad_image=skip"],
+                                              setup=lambda d, _mp: image_folder(d, bad_val=True)),
+    "predict/one unreadable input": C(["predict", "{image_run}", "{d}/bad.png", "{d}/ok.png"], 1,
+                                      "1 of 2 inputs failed", setup=predict_inputs),
+    "predict/top_k 0": C(["predict", "{image_run}", "{d}/ok.png", "predict.top_k=0"], 2, "predict.top_k",
+                         setup=predict_inputs),
+    "predict/unknown option": C(["predict", "{image_run}", "{d}/ok.png", "predict.topk=3"], 2, "did you mean 'top_k'",
+                                setup=predict_inputs),
+    "predict/no inputs": C(["predict", "{image_run}"], 2, "no inputs"),
+    "predict/task without predict": C(["predict", "{run}", "x"], 2, "does not support prediction"),
+})
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +382,11 @@ def world(tmp_path_factory) -> dict[str, Path]:
     (root / "toy.yaml").write_text(TOY)
     result = CliRunner().invoke(cli, ["run", str(root / "toy.yaml"), f"output_dir={root / 'run'}"])
     assert result.exit_code == 0, result.output
-    yield {"root": root, "site": site, "run": root / "run"}
+    tiny_images = ["data.num_train=8", "data.num_val=4", "model.dim=16", "model.depth=1", "model.num_heads=2",
+                   "train.max_steps=1", "train.batch_size=4", "train.eval_batch_size=4", "train.progress=false"]
+    result = CliRunner().invoke(cli, ["run", "quickstart", f"output_dir={root / 'image_run'}", *tiny_images])
+    assert result.exit_code == 0, result.output
+    yield {"root": root, "site": site, "run": root / "run", "image_run": root / "image_run"}
     sys.path.remove(str(site))
 
 
@@ -358,7 +410,7 @@ def make_case_dir(world: dict[str, Path], d: Path) -> dict[str, str]:
         path = d / "recipes" / f"{name}.yaml"
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return {"d": str(d), "toy": str(d / "toy.yaml"), "faulty": str(d / "faulty.yaml"), "run": str(d / "run"),
-            "foreign": str(d / "foreign")}
+            "foreign": str(d / "foreign"), "image_run": str(world["image_run"])}
 
 
 def expand(arg: str, places: dict[str, str]) -> str:
