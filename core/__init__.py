@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "cross_entropy_sum": "losses", "kl_distillation_loss": "losses",
     "OptimConfig": "engine.optim", "build_optimizer": "engine.optim", "ScheduleConfig": "engine.schedule",
     "build_scheduler": "engine.schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
-    "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint",
+    "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "export_safetensors": "engine.export", "average_checkpoints": "engine.export", "load_checkpoint": "engine.checkpoint",
     # the run lifecycle, task files, evaluation context, metrics, loading runs
     "EvalContext": "step", "TaskFiles": "artifacts", "assemble": "engine.assemble", "AssembledRun": "engine.assemble",
     "MetricCollection": "metrics", "param_groups": "engine.optim", "move_to_device": "engine.device",

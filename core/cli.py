@@ -3,6 +3,9 @@
 
 Exit codes: 0 success; 2 usage or config error (one line, nothing on disk touched);
 1 failure during a run (one line; the full traceback with ``--debug``).
+
+Each command imports the engine parts it needs inside its function: they load torch
+(about a second), which ``tk --help``, ``tk --version`` and ``tk list`` must not wait for.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Checkpoints: atomic saves, safe (weights-only) loads, RNG capture, rotation, model-state
-matching with readable errors, safetensors export and checkpoint averaging.
-
-Checkpoint averaging: "Attention Is All You Need" (https://arxiv.org/abs/1706.03762), sec. 6.1.
-safetensors: https://huggingface.co/docs/safetensors
-"""
+"""Checkpoints: atomic saves, safe (weights-only) loads, RNG capture, rotation, and
+model-state matching with readable errors (exporting weights: ``tk.core.engine.export``)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -26,7 +22,7 @@ from tk.core.errors import TkError
 
 __all__ = [
     "save_checkpoint", "load_checkpoint", "CheckpointReadError", "intact_checkpoints", "capture_rng_state", "restore_rng_state",
-    "CheckpointManager", "preserved_rng", "load_model_state", "export_safetensors", "average_checkpoints",
+    "CheckpointManager", "preserved_rng", "load_model_state",
 ]
 
 _MARK = "_tk_checkpoint"  # format version stored in every checkpoint tk writes
@@ -46,7 +42,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     """Call ``write(file)`` on a temp file next to ``path``, fsync it, then rename it
     over ``path``: readers see the old file or the complete new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +74,7 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
             use :func:`capture_rng_state` for RNG states.
     """
     payload = {**state, _MARK: _VERSION}
-    _atomic_write(Path(path), lambda f: torch.save(payload, f))
+    atomic_write(Path(path), lambda f: torch.save(payload, f))
 
 
 class CheckpointReadError(TkError):
@@ -196,7 +192,7 @@ def _copy_atomic(src: Path, dst: Path) -> None:
     """Make ``dst`` an independent copy of ``src``, atomically (a copy, not a hard link:
     damage to one file must not break the other)."""
     with open(src, "rb") as source:
-        _atomic_write(dst, lambda f: shutil.copyfileobj(source, f, 1 << 24))
+        atomic_write(dst, lambda f: shutil.copyfileobj(source, f, 1 << 24))
 
 
 class CheckpointManager:
@@ -248,7 +244,7 @@ class CheckpointManager:
             if better:
                 _copy_atomic(last, self.directory / "best.pt")
                 self.info["best"] = {"step": step, "metric": float(metric), "mode": mode}
-        _atomic_write(self._index, lambda f: f.write(json.dumps(self.info, indent=2).encode()))
+        atomic_write(self._index, lambda f: f.write(json.dumps(self.info, indent=2).encode()))
         self._prune()
         for hook in self._save_hooks:
             hook(path)
@@ -327,69 +323,6 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, Any], strict: bo
         )
     bad = {s.split(":")[0] for s in shapes}
     model.load_state_dict({k: v for k, v in state_dict.items() if k not in bad}, strict=strict)
-
-
-def export_safetensors(
-    model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
-) -> None:
-    """Write weights to a ``.safetensors`` file (atomically).
-
-    safetensors refuses tensors that share memory (tied embeddings, views), so every
-    tensor whose storage was already seen, or that covers only part of its storage,
-    is cloned; non-tensor entries are skipped.
-    """
-    from safetensors.torch import save as st_save
-
-    sd = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
-    seen: set[tuple[str, int]] = set()
-    tensors = {}
-    for name, t in sd.items():
-        if not isinstance(t, torch.Tensor):
-            continue
-        t = t.detach()
-        storage = t.untyped_storage()
-        key = (str(t.device), storage.data_ptr())
-        partial = storage.nbytes() != t.numel() * t.element_size()
-        tensors[name] = t.clone().contiguous() if key in seen or partial or not t.is_contiguous() else t
-        seen.add(key)
-    blob = st_save(tensors, metadata=metadata)
-    _atomic_write(Path(path), lambda f: f.write(blob))
-
-
-def average_checkpoints(paths: Iterable[str | Path], key: str | None = "model") -> dict[str, torch.Tensor]:
-    """Average the model weights of several checkpoints (e.g. the last K), as the
-    Transformer paper does; integer/bool buffers (counters) come from the last one.
-
-    Args:
-        paths: checkpoint files written by :func:`save_checkpoint`, oldest first.
-        key: where the model state lives in each checkpoint (None: the checkpoint
-            itself is the state dict).
-
-    Returns:
-        The averaged state dict (floating tensors keep their dtype; summed in float64).
-
-    Raises:
-        TkError: no paths, a missing ``key``, or checkpoints with different keys/shapes.
-    """
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise TkError("average_checkpoints needs at least one checkpoint path")
-    total: dict[str, torch.Tensor] = {}
-    last: dict[str, torch.Tensor] = {}
-    for i, path in enumerate(paths):
-        ckpt = load_checkpoint(path)
-        if key is not None and key not in ckpt:
-            raise TkError(f"checkpoint {str(path)!r} has no {key!r} entry (keys: {sorted(ckpt)})")
-        sd = ckpt[key] if key is not None else ckpt
-        if i and (set(sd) != set(total) or any(sd[k].shape != total[k].shape for k in sd)):
-            raise TkError(f"checkpoint {str(path)!r} has other keys or shapes than {str(paths[0])!r}; average runs of one model only")
-        for k, v in sd.items():
-            total[k] = total[k] + v.double() if i else v.double()
-        last = sd
-    return {
-        k: (total[k] / len(paths)).to(v.dtype) if v.is_floating_point() else v.clone()
-        for k, v in last.items()
-    }
 
 
 def gather_rng_states(world_size: int) -> list[dict[str, Any]]:

@@ -14,14 +14,13 @@ from tk.core.data.loader import LoaderSpec
 from tk.core.engine.assemble import assemble
 from tk.core.engine.batches import loader_length
 from tk.core.engine.checkpoint import (
-    average_checkpoints,
-    export_safetensors,
     load_checkpoint,
     load_model_state,
     save_checkpoint,
 )
 from tk.core.engine.device import resolve_device
 from tk.core.engine.evaluate import evaluate_loader
+from tk.core.engine.export import average_checkpoints, export_safetensors
 from tk.core.engine.precision import Precision
 from tk.core.engine.predict import predict_batches
 from tk.core.errors import TkError

@@ -30,7 +30,6 @@ from tk.core.engine.assemble import assemble
 from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, split_loader, wrap_ddp
 from tk.core.engine.checkpoint import (
     CheckpointManager,
-    export_safetensors,
     gather_rng_states,
     load_checkpoint,
     load_resumed_model,
@@ -41,6 +40,7 @@ from tk.core.engine.device import enable_grad_checkpointing, move_to_device, res
 from tk.core.engine.distributed import all_reduce_sum, float64_vector, main_process_first
 from tk.core.engine.ema import ModelEMA
 from tk.core.engine.evaluate import evaluate_loader
+from tk.core.engine.export import export_safetensors
 from tk.core.engine.optim import build_optimizer
 from tk.core.engine.precision import Precision
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, window_record

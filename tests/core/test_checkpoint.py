@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from tk.core.engine import checkpoint as C
+from tk.core.engine.export import average_checkpoints, export_safetensors
 from tk.core.errors import TkError
 
 
@@ -124,12 +125,12 @@ def test_average_checkpoints_by_hand(tmp_path):
         sd = {"w": torch.full((2,), w, dtype=torch.bfloat16), "n": torch.tensor(count)}
         C.save_checkpoint(tmp_path / f"{i}.pt", {"model": sd, "step": i})
         paths.append(tmp_path / f"{i}.pt")
-    avg = C.average_checkpoints(paths)
+    avg = average_checkpoints(paths)
     assert avg["w"].dtype == torch.bfloat16 and avg["w"].tolist() == [3.0, 3.0]
     assert avg["n"].item() == 9 and avg["n"].dtype == torch.long
     C.save_checkpoint(tmp_path / "odd.pt", {"model": {"w": torch.zeros(3), "n": torch.tensor(1)}})
     with pytest.raises(TkError, match="other keys or shapes"):
-        C.average_checkpoints([paths[0], tmp_path / "odd.pt"])
+        average_checkpoints([paths[0], tmp_path / "odd.pt"])
 
 
 def test_export_safetensors_tied_weights(tmp_path):
@@ -138,12 +139,12 @@ def test_export_safetensors_tied_weights(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(6, 4), nn.Linear(4, 6, bias=False))
     model[1].weight = model[0].weight  # tied
-    C.export_safetensors(model, tmp_path / "m.safetensors", metadata={"task": "toy"})
+    export_safetensors(model, tmp_path / "m.safetensors", metadata={"task": "toy"})
     loaded = load_file(tmp_path / "m.safetensors")
     assert set(loaded) == {"0.weight", "1.weight"}
     torch.testing.assert_close(loaded["1.weight"], model[0].weight.detach())
     big = torch.arange(10.0)
-    C.export_safetensors({"view": big[2:5], "t": big.view(2, 5).t()}, tmp_path / "v.safetensors")
+    export_safetensors({"view": big[2:5], "t": big.view(2, 5).t()}, tmp_path / "v.safetensors")
     loaded = load_file(tmp_path / "v.safetensors")
     assert loaded["view"].tolist() == [2.0, 3.0, 4.0] and loaded["t"].shape == (5, 2)
 

@@ -1,0 +1,80 @@
+"""Exporting weights: safetensors files, and averaging the weights of several checkpoints.
+
+Checkpoint averaging: "Attention Is All You Need" (https://arxiv.org/abs/1706.03762), sec. 6.1.
+safetensors: https://huggingface.co/docs/safetensors
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+from safetensors.torch import save as st_save
+from torch import nn
+
+from tk.core.engine.checkpoint import atomic_write, load_checkpoint
+from tk.core.errors import TkError
+
+__all__ = ["export_safetensors", "average_checkpoints"]
+
+
+def export_safetensors(
+    model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """Write weights to a ``.safetensors`` file (atomically).
+
+    safetensors refuses tensors that share memory (tied embeddings, views), so every
+    tensor whose storage was already seen, or that covers only part of its storage,
+    is cloned; non-tensor entries are skipped.
+    """
+    sd = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
+    seen: set[tuple[str, int]] = set()
+    tensors = {}
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach()
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        partial = storage.nbytes() != t.numel() * t.element_size()
+        tensors[name] = t.clone().contiguous() if key in seen or partial or not t.is_contiguous() else t
+        seen.add(key)
+    blob = st_save(tensors, metadata=metadata)
+    atomic_write(Path(path), lambda f: f.write(blob))
+
+
+def average_checkpoints(paths: Iterable[str | Path], key: str | None = "model") -> dict[str, torch.Tensor]:
+    """Average the model weights of several checkpoints (e.g. the last K), as the
+    Transformer paper does; integer/bool buffers (counters) come from the last one.
+
+    Args:
+        paths: checkpoint files written by :func:`save_checkpoint`, oldest first.
+        key: where the model state lives in each checkpoint (None: the checkpoint
+            itself is the state dict).
+
+    Returns:
+        The averaged state dict (floating tensors keep their dtype; summed in float64).
+
+    Raises:
+        TkError: no paths, a missing ``key``, or checkpoints with different keys/shapes.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TkError("average_checkpoints needs at least one checkpoint path")
+    total: dict[str, torch.Tensor] = {}
+    last: dict[str, torch.Tensor] = {}
+    for i, path in enumerate(paths):
+        ckpt = load_checkpoint(path)
+        if key is not None and key not in ckpt:
+            raise TkError(f"checkpoint {str(path)!r} has no {key!r} entry (keys: {sorted(ckpt)})")
+        sd = ckpt[key] if key is not None else ckpt
+        if i and (set(sd) != set(total) or any(sd[k].shape != total[k].shape for k in sd)):
+            raise TkError(f"checkpoint {str(path)!r} has other keys or shapes than {str(paths[0])!r}; average runs of one model only")
+        for k, v in sd.items():
+            total[k] = total[k] + v.double() if i else v.double()
+        last = sd
+    return {
+        k: (total[k] / len(paths)).to(v.dtype) if v.is_floating_point() else v.clone()
+        for k, v in last.items()
+    }
