@@ -41,7 +41,7 @@ class TrainConfig:
     save_every: int | None = None  # checkpoint every N updates; None = at each evaluation
     keep_last: int = 3  # step checkpoints kept (plus best.pt and last.pt)
     best_metric: str | None = None  # e.g. "val/top1"; None = lowest val/loss
-    best_mode: Literal["max", "min"] = "max"  # whether best_metric is better high or low
+    best_mode: Literal["max", "min"] | None = None  # whether best_metric is better high or low; None: "min" for a *loss key, else "max"
     num_workers: int = 0  # DataLoader worker processes
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
     progress: bool = True  # show a progress bar
@@ -170,7 +170,9 @@ def convert_value(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
         if len(options) == 1 and not sub[0].startswith(f"{path}: expected {_type_name(options[0])},"):
             errors.extend(sub)  # e.g. a non-finite float, or a nested section's own problems
         else:
-            errors.append(f"{path}: expected {_type_name(tp)}, found {describe_value(value)}")
+            choices = [c for a in options if typing.get_origin(a) is Literal for c in typing.get_args(a)]
+            hint = did_you_mean(value, choices) if choices else ""
+            errors.append(f"{path}: expected {_type_name(tp)}, found {describe_value(value)}{hint}")
         return None
     if origin is Literal:
         if value in args:

@@ -12,7 +12,6 @@ training runs only). See ``docs/plugins.md`` for which hook runs in which comman
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
@@ -179,7 +178,3 @@ class Task:
         doc = (cls.__doc__ or "").strip().splitlines()
         return doc[0] if doc else ""
 
-
-def config_to_dict(obj: Any) -> Any:
-    """A (nested) config dataclass as plain Python data."""
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj

@@ -89,15 +89,22 @@ def wrap_ddp(model: nn.Module, device: torch.device, world_size: int) -> nn.Modu
 
 
 def check_best_metric(task: Task, key: str, with_ema: bool) -> None:
-    """``train.best_metric`` must be a key the evaluation returns: checked against the
-    metrics' declared keys before the first step.
+    """``train.best_metric`` must be a key that EVERY evaluation returns: checked against
+    the metrics' declared keys before the first step, for a first, a later periodic and
+    the final evaluation (a task may add costly metrics only on some, ``ctx.every(n)``).
 
     Raises:
         TkError: ``key`` is not among them (with a did-you-mean).
     """
-    keys = metric_keys(task, EvalContext("val", kind="periodic"))
-    if with_ema:
-        keys += metric_keys(task, EvalContext("val", kind="periodic", prefix="val_ema"))
+    contexts = [EvalContext("val", kind="periodic"), EvalContext("val", kind="periodic", index=1),
+                EvalContext("val", kind="final", index=1)]
+    per_eval = []
+    for ctx in contexts:
+        keys = metric_keys(task, ctx)
+        if with_ema:
+            keys += metric_keys(task, EvalContext("val", ctx.step, ctx.kind, ctx.index, prefix="val_ema"))
+        per_eval.append(keys)
+    keys = [k for k in per_eval[0] if all(k in other for other in per_eval[1:])]
     if key not in keys:
         close = difflib.get_close_matches(key, keys, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -258,6 +258,29 @@ class CheckpointManager:
         for _, p in self._steps()[: -self.keep_last]:
             p.unlink(missing_ok=True)
 
+    def set_aside_after(self, step: int) -> Path | None:
+        """Resuming from an older checkpoint (``--resume-from``): move the step files after
+        ``step``, and ``best.pt`` if it is from after ``step``, into ``abandoned_after_<step>/``,
+        so that rotation, ``tk average`` and ``best.pt`` never mix the abandoned branch
+        with the resumed one (nothing is deleted). Returns that folder, or None.
+        """
+        later = [p for s, p in self._steps() if s > step]
+        best = self.info.get("best")
+        stale_best = best is not None and best.get("step", -1) > step
+        if not later and not stale_best:
+            return None
+        folder = self.directory / f"abandoned_after_{step:08d}"
+        folder.mkdir(exist_ok=True)
+        for path in later:
+            path.rename(folder / path.name)
+        if stale_best:
+            if (self.directory / "best.pt").is_file():
+                (self.directory / "best.pt").rename(folder / "best.pt")
+            del self.info["best"]
+        self.info["last"] = {"step": step}
+        atomic_write(self._index, lambda f: f.write(json.dumps(self.info, indent=2).encode()))
+        return folder
+
     def latest(self) -> Path | None:
         """``last.pt`` if present, else the newest step file, else None."""
         last = self.directory / "last.pt"

@@ -154,4 +154,4 @@ def float64_vector(values: list[Any], device: torch.device) -> torch.Tensor:
     numbers = torch.tensor([float(v) for v in values if not torch.is_tensor(v)], dtype=torch.float64,
                            device=device).unbind()
     it = iter(numbers)
-    return torch.stack([v.double().reshape(()) if torch.is_tensor(v) else next(it) for v in values])
+    return torch.stack([v.to(device, torch.float64).reshape(()) if torch.is_tensor(v) else next(it) for v in values])

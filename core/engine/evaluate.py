@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -61,6 +62,9 @@ def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precis
     metrics.sync()
     results.update({k: float(v) for k, v in metrics.compute().items()})
     if out_dir is not None and is_main_process():
-        metrics.write(out_dir, ctx)
+        try:
+            metrics.write(out_dir, ctx)
+        except OSError as e:  # a read-only or full run dir must not cost the computed metrics
+            warnings.warn(f"could not write the evaluation files into {out_dir}: {e}", stacklevel=2)
     model.train(was_training)
     return results

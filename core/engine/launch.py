@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import uuid
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -105,9 +106,13 @@ def prepare_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
     try:
         if not resume and overwrite and run_dir.exists() and any(run_dir.iterdir()):
             aside = set_aside_path(run_dir)
-            if aside.exists():  # left by a crash of an earlier --overwrite: that run is older still
-                shutil.rmtree(aside)
-            run_dir.rename(aside)
+            if aside.exists():  # left by an earlier --overwrite that was killed before it could clean up
+                if any((run_dir / "checkpoints").glob("step_*.pt")):
+                    shutil.rmtree(aside)  # that run got as far as a checkpoint: the set-aside one is older
+                else:
+                    shutil.rmtree(run_dir)  # it saved nothing: the set-aside run is still the last complete one
+            if run_dir.exists():
+                run_dir.rename(aside)
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise _unusable(run_dir, e) from e
@@ -122,7 +127,10 @@ def set_aside_path(run_dir: Path) -> Path:
 def drop_set_aside(run_dir: Path) -> None:
     """Delete the run that ``--overwrite`` set aside (no-op if there is none): called
     once the new run has written its first checkpoint."""
-    shutil.rmtree(set_aside_path(run_dir), ignore_errors=True)
+    aside = set_aside_path(run_dir)
+    shutil.rmtree(aside, ignore_errors=True)
+    if aside.exists():
+        warnings.warn(f"could not delete the overwritten run {aside}; delete it by hand", stacklevel=2)
 
 
 def launch_command(nproc_per_node: int, tk_args: list[str]) -> list[str]:
@@ -271,6 +279,15 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
     the run that ``--overwrite`` set aside (and discards the new one)."""
     is_main = dist is None or dist.rank == 0
     trainer, fitting = None, False
+    # the run --overwrite set aside: kept (and put back on failure) until the first checkpoint
+    aside_kept = is_main and not resume and set_aside_path(run_dir).exists()
+
+    def on_save(_path: Path) -> None:
+        nonlocal aside_kept
+        if aside_kept:
+            drop_set_aside(run_dir)
+            aside_kept = False
+
     try:
         try:
             last = run_dir / "checkpoints" / "last.pt"
@@ -283,19 +300,19 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
         if resume and is_main:  # the settings the run continues with (e.g. a longer max_steps)
             (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         if is_main and trainer.checkpoints is not None:
-            trainer.checkpoints.add_save_hook(lambda _path: drop_set_aside(run_dir))
-            trainer.save_on_failure = lambda: not set_aside_path(run_dir).exists()
+            trainer.checkpoints.add_save_hook(on_save)
+            trainer.save_on_failure = lambda: not aside_kept
         fitting = True
         results = trainer.fit()
     except BaseException as e:
-        restored = is_main and not resume and set_aside_path(run_dir).exists()
+        restored = aside_kept
         if is_main and not resume and (restored or not fitting):
             _discard_new_run(run_dir, existed)
         failure = _run_failure(e, trainer, run_dir, restored, command) if fitting else e
         if failure is e:
             raise
         raise failure from e
-    if is_main:
+    if aside_kept:
         drop_set_aside(run_dir)  # a run that ends without any checkpoint still replaces the old one
     return results
 

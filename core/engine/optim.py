@@ -8,7 +8,7 @@ Decoupled weight decay: AdamW (https://arxiv.org/abs/1711.05101).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Literal
+from typing import Callable, Literal
 
 import torch
 from torch import nn
@@ -188,8 +188,3 @@ def build_optimizer(
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
 
-
-def iter_group_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    """All parameters of ``optimizer`` (e.g. for gradient clipping)."""
-    for group in optimizer.param_groups:
-        yield from group["params"]

@@ -73,6 +73,13 @@ class LossScaling:
         self.skipped_steps += int(skipped)
         return not skipped
 
+    def skip(self, optimizer: torch.optim.Optimizer) -> None:
+        """Leave out this update's step (a non-finite loss with finite gradients, which
+        the GradScaler would apply); ``update`` still follows."""
+        self.unscale_(optimizer)
+        self._unscaled.discard(id(optimizer))
+        self.skipped_steps += 1
+
     def update(self) -> None:
         """Adjust the scale (halve after an overflow, grow after a run of good steps)."""
         self.scaler.update()
@@ -169,10 +176,11 @@ class Precision:
         global norm to ``max_norm`` -> step unless the loss or gradients are inf/NaN ->
         adjust the loss scale (fp16; the GradScaler decides whether to step).
 
-        One host sync, before any gradient is changed, brings back the loss, ``scale``,
-        ``extras`` and the per-tensor gradient norms; the global norm, the clipping
-        factor and the step decision are then host arithmetic, and scaling and clipping
-        are one in-place multiply (none when the factor is 1).
+        One host sync (after fp16's unscaling, before scaling or clipping) brings back the
+        loss, ``scale``, ``extras`` and the per-tensor gradient norms; the global norm,
+        the clipping factor and the step decision are then host arithmetic, and scaling
+        and clipping are one in-place multiply (none when the factor is 1). A non-finite
+        loss skips the step in every precision.
 
         Args:
             optimizer: the optimizer over ``grads``' parameters.
@@ -191,6 +199,7 @@ class Precision:
         if self.scaling:
             self.scaling.unscale_(optimizer)
         synced = [loss, *extras, scale] if torch.is_tensor(scale) else [loss, *extras]
+        synced = [t if t.device == loss.device else t.to(loss.device) for t in synced]  # e.g. a CPU item count
         host = torch.stack([*synced, *(torch._foreach_norm(grads) if grads else ())]).tolist()  # the one host sync
         head = len(synced)
         scale = host[head - 1] if torch.is_tensor(scale) else scale
@@ -201,9 +210,13 @@ class Precision:
                 torch._foreach_mul_(grads, factor)
         finite = math.isfinite(host[0]) and math.isfinite(grad_norm)
         if self.scaling:  # the GradScaler skips steps with inf/NaN gradients itself
-            took_step = self.scaling.step(optimizer)
+            if math.isfinite(host[0]):
+                took_step = self.scaling.step(optimizer)
+                why = None if took_step else "overflow"
+            else:
+                self.scaling.skip(optimizer)
+                took_step, why = False, "non-finite"
             self.scaling.update()
-            why = None if took_step else ("overflow" if math.isfinite(host[0]) else "non-finite")
         else:
             took_step, why = finite, None if finite else "non-finite"
             if finite:

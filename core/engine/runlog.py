@@ -167,8 +167,8 @@ class Throughput:
 
 def window_record(window: list[dict[str, float]], clock: Throughput) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of the updates since the last log (``Trainer.train_step``
-    results): item-weighted loss, last lr and grad norm, throughput, skipped updates,
-    the task's logs averaged; ``_seconds_per_step`` is for the caller's ETA."""
+    results): item-weighted loss and task logs (both are per item in each update), last
+    lr and grad norm, throughput, skipped updates; ``_seconds_per_step`` is for the ETA."""
     items = sum(s["items"] for s in window)
     items_per_s, elapsed = clock.lap(items)
     record: dict[str, Any] = {
@@ -177,7 +177,7 @@ def window_record(window: list[dict[str, float]], clock: Throughput) -> dict[str
         "skipped_steps": sum(s["skipped"] for s in window),
     }
     extra = {k for s in window for k in s} - {"loss", "grad_norm", "lr", "items", "skipped"}
-    record.update({k: sum(s.get(k, 0.0) for s in window) / len(window) for k in sorted(extra)})
+    record.update({k: sum(s.get(k, 0.0) * s["items"] for s in window) / max(items, 1.0) for k in sorted(extra)})
     record["_seconds_per_step"] = elapsed / max(len(window), 1)
     return record
 

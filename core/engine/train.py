@@ -87,7 +87,7 @@ class Trainer:
                                                           self.log.echo)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.best_key = t.best_metric or "val/loss"
-        self.best_mode = t.best_mode if t.best_metric else "min"
+        self.best_mode = t.best_mode or ("min" if self.best_key.endswith("loss") else "max")
         check_best_metric(self.task, self.best_key, with_ema=t.ema_decay is not None)
 
         if t.grad_checkpointing:
@@ -252,7 +252,10 @@ class Trainer:
         results = self.evaluate("val", kind=kind)
         if self.ema is not None:
             results.update(self.evaluate("val", self.ema.module, prefix="val_ema", kind=kind))
-        value = results[self.best_key]  # checked against the declared keys at set-up
+        value = results.get(self.best_key)  # checked against the declared keys at set-up
+        if value is None:
+            raise TkError(f"train.best_metric: this evaluation returned no {self.best_key!r} (results: "
+                          f"{', '.join(results)}); its metrics declare keys that their evaluations do not return")
         p = self.progress
         p["evaluations"] += 1
         best = p["best_value"]
@@ -316,6 +319,9 @@ class Trainer:
         if self.checkpoints is not None:  # temp files of a save that a killed process left behind
             for stale in self.checkpoints.directory.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
+            abandoned = self.checkpoints.set_aside_after(self.step)
+            if abandoned is not None:
+                self.log.echo(f"resuming from step {self.step}: the later checkpoints moved to {abandoned}")
         self.log.truncate_after(self.step)
         self.log.echo(f"resumed from {path} at step {self.step}")
 

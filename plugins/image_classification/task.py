@@ -101,7 +101,7 @@ class ImageClassificationTask(Task):
         if self._class_names is None and self.files.exists(CLASSES_FILE):
             self._class_names = json.loads(self.files.read_text(CLASSES_FILE))
         names = self.class_names
-        if not resume and self.run_dir is not None:
+        if not resume and self.run_dir is not None and not self.files.exists(CLASSES_FILE):  # rank 0 writes first
             self.files.write_text(CLASSES_FILE, json.dumps(names, indent=1))
 
     @property

@@ -183,3 +183,18 @@ def test_disk_full_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypat
     monkeypatch.undo()
     assert C.load_checkpoint(tmp_path / "a.pt")["w"].item() == 1.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]  # no temp file left behind
+
+
+def test_resuming_from_an_older_step_sets_the_later_branch_aside(tmp_path):
+    manager = C.CheckpointManager(tmp_path / "ckpt", keep_last=3)
+    for step, metric in ((400, 0.5), (500, 0.9), (600, 0.7)):
+        manager.save({"step": step}, step=step, metric=metric)
+    assert manager.set_aside_after(600) is None  # a resume from the newest: nothing to move
+    folder = manager.set_aside_after(400)
+    assert sorted(p.name for p in folder.iterdir()) == ["best.pt", "step_00000500.pt", "step_00000600.pt"]
+    assert not (tmp_path / "ckpt" / "best.pt").exists() and "best" not in manager.info
+    manager.save({"step": 450}, step=450, metric=0.6)
+    manager.save({"step": 460}, step=460, metric=0.4)
+    steps = sorted(p.name for p in (tmp_path / "ckpt").glob("step_*.pt"))
+    assert steps == ["step_00000400.pt", "step_00000450.pt", "step_00000460.pt"]  # one branch only
+    assert C.load_checkpoint(tmp_path / "ckpt" / "best.pt")["step"] == 450

@@ -272,3 +272,34 @@ def test_param_groups_default_matches_core(env):
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
     ours = Task(cfg).param_groups(model, OptimConfig())
     assert [g["param_names"] for g in ours] == [g["param_names"] for g in param_groups(model, OptimConfig())]
+
+
+def test_best_metric_must_be_returned_by_every_evaluation(env):
+    """A metric added only on some evaluations (``ctx.every(n)``) cannot be the best metric."""
+    from tk.core.engine.build import check_best_metric
+    from tk.core.errors import TkError
+    from tk.core.metrics import Accuracy, Mean
+    from tk.core.recipe import load_config
+    from tk.core.task import Task
+
+    class Costly(Task):
+        def build_metrics(self, ctx):
+            metrics = {"acc": Accuracy()}
+            if ctx.every(4):  # e.g. beam search + BLEU on every 4th evaluation
+                metrics["bleu"] = Mean("bleu", "bleu")
+            return metrics
+
+    cfg, _ = load_config(str(env["recipe"]))
+    check_best_metric(Costly(cfg), "val/top1", with_ema=False)
+    with pytest.raises(TkError, match=r"'val/bleu' is not an evaluation result.*results: val/loss, val/top1\)"):
+        check_best_metric(Costly(cfg), "val/bleu", with_ema=False)
+
+
+def test_best_mode_follows_the_metric_unless_given(env):
+    from tk.core.engine.train import Trainer
+    from tk.core.recipe import load_config
+
+    for overrides, mode in ((["train.best_metric=val/loss"], "min"), (["train.best_metric=val/top1"], "max"),
+                            ([], "min"), (["train.best_metric=val/top1", "train.best_mode=min"], "min")):
+        cfg, task_cls = load_config(str(env["recipe"]), overrides)
+        assert Trainer(cfg, task_cls, None).best_mode == mode, overrides

@@ -147,3 +147,28 @@ def test_fp16_cuda_step_finite():
     assert update.took_step and update.skipped_because is None
     assert torch.isfinite(model.weight).all() and not torch.equal(model.weight, before)
     assert p.log_record()["loss_scale"] == 65536.0
+
+
+def test_loss_scaling_skips_a_non_finite_loss_even_with_finite_gradients():
+    """The GradScaler would apply such a step (it checks gradients only); tk skips it as
+    fp32 and bf16 do, and the scale is still updated."""
+    model, opt, x = _setup()
+    p = Precision("fp32", "cpu")
+    p.scaling = LossScaling(torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1))
+    before = model.weight.detach().clone()
+    loss = model(x).sum()
+    p.backward(loss)
+    update = p.apply_update(opt, [q.grad for q in model.parameters()], torch.tensor(float("inf")))
+    assert not update.took_step and update.skipped_because == "non-finite"
+    assert torch.equal(model.weight, before) and p.skipped_steps == 1
+    assert p.log_record() == {"loss_scale": 16.0}  # no overflow found: the scale grew as usual
+
+
+def test_a_cpu_item_count_with_the_loss_elsewhere_is_moved_not_an_error():
+    model, opt, x = _setup()
+    p = Precision("fp32", "cpu")
+    loss = model(x).sum()
+    loss.backward()
+    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach(),
+                            extras=[torch.tensor(4.0, dtype=torch.float64)])
+    assert update.took_step and update.extras == [4.0]

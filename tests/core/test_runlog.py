@@ -12,3 +12,14 @@ def test_throughput_leaves_evaluation_time_out(monkeypatch):
     clock.exclude(6.0)  # e.g. an evaluation in the middle of the logging window
     assert clock.lap(40) == (10.0, 4.0)  # 40 items over 10 s - 6 s of evaluation
     assert clock.lap(8) == (2.0, 4.0)  # the exclusion applied to one lap only
+
+
+def test_window_record_weights_task_logs_by_items_like_the_loss():
+    from tk.core.engine.runlog import Throughput, window_record
+
+    window = [{"loss": 1.0, "acc": 0.5, "items": 10.0, "lr": 0.1, "grad_norm": 1.0, "skipped": 0.0},
+              {"loss": 3.0, "acc": 1.0, "items": 30.0, "lr": 0.2, "grad_norm": 2.0, "skipped": 1.0}]
+    record = window_record(window, Throughput())
+    assert record["loss"] == (1.0 * 10 + 3.0 * 30) / 40
+    assert record["acc"] == (0.5 * 10 + 1.0 * 30) / 40  # per item, not per update
+    assert record["lr"] == 0.2 and record["skipped_steps"] == 1.0
