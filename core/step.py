@@ -21,7 +21,8 @@ class StepOutput:
         num_items: how many items ``loss`` is summed over (non-PAD tokens for a
             token-level loss, samples for a sample-level one).
         logs: extra scalars to log, each already summed over the batch like ``loss``
-            (the engine reports ``logs[k] / num_items``).
+            (the engine reports ``logs[k] / num_items``); the same keys on every batch,
+            since processes sum them together every update.
         outputs: anything the task's metrics need (logits, predictions).
     """
 

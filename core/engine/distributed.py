@@ -18,7 +18,7 @@ from tk.core.errors import TkError
 
 __all__ = [
     "DistInfo", "init_distributed", "is_distributed", "get_rank", "get_world_size",
-    "is_main_process", "barrier", "all_reduce_sum", "comm_device", "cleanup", "float64_vector",
+    "is_main_process", "barrier", "all_reduce_sum", "comm_device", "cleanup", "float64_vector", "agreed_log_keys",
 ]
 
 
@@ -155,3 +155,19 @@ def float64_vector(values: list[Any], device: torch.device) -> torch.Tensor:
                            device=device).unbind()
     it = iter(numbers)
     return torch.stack([v.to(device, torch.float64).reshape(()) if torch.is_tensor(v) else next(it) for v in values])
+
+
+def agreed_log_keys(keys: list[str], world_size: int) -> list[str]:
+    """``keys`` if every process logs the same ones (a collective), so the per-update
+    all-reduce of the log values never mixes up or hangs on vectors of other lengths.
+
+    Raises:
+        TkError: processes log different keys (names them).
+    """
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, keys)
+    if any(other != keys for other in gathered):
+        shown = "; ".join(f"rank {r}: {k}" for r, k in enumerate(gathered))
+        raise TkError(f"StepOutput.logs must have the same keys on every batch and process, got {shown}; "
+                      f"log a 0 where a value does not apply")
+    return keys

@@ -37,7 +37,7 @@ from tk.core.engine.checkpoint import (
     restore_rng_state,
 )
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
-from tk.core.engine.distributed import all_reduce_sum, float64_vector, main_process_first
+from tk.core.engine.distributed import agreed_log_keys, all_reduce_sum, float64_vector, main_process_first
 from tk.core.engine.ema import ModelEMA
 from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.export import export_safetensors
@@ -113,6 +113,7 @@ class Trainer:
         self._saved_step = -1
         self._activation_bytes: int | None = None
         self._in_update = False  # a failure inside an update leaves no consistent state to save
+        self._log_keys: list[str] | None = None  # StepOutput.logs keys every process agreed on
         # whether a failure may save the completed updates (the launcher says no while the run
         # that --overwrite set aside is still kept: restoring it then loses nothing on disk)
         self.save_on_failure: Callable[[], bool] = lambda: True
@@ -175,6 +176,8 @@ class Trainer:
         if self.world_size == 1:
             return self._apply_update(loss, items, logs, prescale)
         keys = sorted(logs)  # sums over processes, in one order: loss, items, "anyone got a signal", logs
+        if keys != self._log_keys:  # a different vector length on one rank would hang the all-reduce
+            self._log_keys = agreed_log_keys(keys, self.world_size)
         stats = float64_vector([loss, items, float(self._signal_received > 0), *(logs[k] for k in keys)], self.device)
         all_reduce_sum(stats)
         loss, items, stop, *values = stats.unbind()
