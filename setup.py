@@ -58,11 +58,18 @@ setup(
         "numpy>=1.24",
         "matplotlib>=3.7",
     ],
-    extras_require={"test": ["pytest>=7.4"]},
+    extras_require={"test": ["pytest>=7.4", "transformers>=4.40"]},
     entry_points={
         "console_scripts": ["tk = tk.core.cli:main"],
         "tk.tasks": [
             "image_classification = tk.plugins.image_classification:ImageClassificationTask",
+            "language_model = tk.plugins.language_model:LanguageModelTask",
+            "text_classification = tk.plugins.text_classification:TextClassificationTask",
+            "translation = tk.plugins.translation:TranslationTask",
+        ],
+        "tk.commands": [
+            "generate = tk.plugins.language_model.cli:generate",
+            "translate = tk.plugins.translation.cli:translate",
         ],
     },
 )
