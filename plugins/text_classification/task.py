@@ -50,6 +50,7 @@ class TextClassificationTask(Task):
         self.tokenizer: Tokenizer | None = None
         self.encoder_spec: dict[str, Any] | None = None
         self._train_rows: list[Row] | None = None
+        self.truncated: dict[str, int] = {}  # split -> examples cut to max_len
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -118,9 +119,10 @@ class TextClassificationTask(Task):
             targets.append(index[key])
         pairs = [r[1] for r in rows] if self.data.text_pair_column else None
         ids, types, cut = encode(self.tokenizer, [r[0] for r in rows], pairs, self.max_len)
-        if cut:
-            log.info("%s split: %d of %d examples truncated to data.max_len=%d tokens", split, cut, len(rows), self.max_len)
-        self.truncated = getattr(self, "truncated", {}) | {split: cut}
+        if cut:  # a warning: those examples lose text
+            log.warning("%s split: %d of %d examples truncated to %d tokens (data.max_len)", split, cut, len(rows),
+                        self.max_len)
+        self.truncated[split] = cut
         return EncodedDataset([{"input_ids": i, "token_types": t, "labels": y} for i, t, y in zip(ids, types, targets)])
 
     def collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -152,3 +152,31 @@ def test_synthetic_run_beats_bag_of_words_and_predicts_from_stdin(tmp_path):
     hits = sum(r["label"] == y for r, (_, y) in zip(records, val))
     assert hits >= 17, f"tk predict got {hits}/20 validation sentences right"
     assert all(set(r["probs"]) == {"negative", "positive"} for r in records)
+
+
+def test_fine_tune_from_bert_folder_then_predict_without_it(tmp_path):
+    import shutil
+
+    words = sorted({w for t, _ in synthetic_rows(200, 0) for w in t.split()})
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(
+        vocab_size=5 + len(words), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40))
+    hf.save_pretrained(folder)
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", f"model.pretrained_dir={folder}",
+             "model.encoder_lr_scale=0.1", "optim.lr=1e-9", "train.max_steps=1", "data.num_train=64",
+             "data.num_val=16", "train.progress=false", "train.num_workers=0"])
+    shutil.rmtree(folder)  # eval/predict use the run's own files and weights
+    task, model = load_run(run_dir, "last", [])
+    assert task.tokenizer.token_to_id("good") == 5 + words.index("good")  # the folder's vocabulary, not a trained one
+    torch.testing.assert_close(model.encoder.tok_embed.weight, hf.embeddings.word_embeddings.weight, atol=1e-6, rtol=0)
+    assert model.encoder.cfg.dim == 32 and not model.encoder.cfg.norm_first
+    [pred] = task.predict(model, ["the film was not bad"])
+    assert pred["label"] in ("negative", "positive")
+    groups = task.param_groups(model, task.cfg.optim)
+    lrs = {("encoder" if g["param_names"][0].startswith("encoder.") else "head"): g["lr"] for g in groups}
+    assert lrs["encoder"] == pytest.approx(0.1 * lrs["head"])
