@@ -180,3 +180,15 @@ def test_fine_tune_from_bert_folder_then_predict_without_it(tmp_path):
     groups = task.param_groups(model, task.cfg.optim)
     lrs = {("encoder" if g["param_names"][0].startswith("encoder.") else "head"): g["lr"] for g in groups}
     assert lrs["encoder"] == pytest.approx(0.1 * lrs["head"])
+
+
+@pytest.mark.slow
+def test_hf_datasets_source_reads_local_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))  # read when datasets is first imported
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (tmp_path / "t.csv").write_text("sentence,label\ngood film,pos\nbad film,neg\n")
+    d = DataConfig(source="hf", hf_name="csv", hf_data_files={"train": str(tmp_path / "t.csv")})
+    assert [(r[0], r[2]) for r in read_rows(d, "train")] == [("good film", "pos"), ("bad film", "neg")]
+    d.hf_name = "no_such_builder_xyz"
+    with pytest.raises(TkError, match="data.hf_name: cannot load 'no_such_builder_xyz'"):
+        read_rows(d, "train")
