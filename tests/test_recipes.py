@@ -14,6 +14,8 @@ RECIPES = sorted(builtin_recipes())
 # Per task: overrides that swap downloads for generated data and shrink the run.
 OFFLINE = {
     "image_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32"],
+    "text_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32", "data.vocab_size=100",
+                            "model.pretrained_dir=null"],
 }
 SMALL = ["train.max_steps=2", "train.eval_every=2", "train.batch_size=8", "train.eval_batch_size=16",
          "train.num_workers=0", "train.progress=false"]

@@ -1,0 +1,155 @@
+"""Convert a Hugging Face BERT-family checkpoint folder into the core :class:`TextEncoder`.
+
+A folder as ``save_pretrained`` writes it: ``config.json`` plus ``model.safetensors`` or
+``pytorch_model.bin`` (BERT, MiniLM and other ``BertModel`` checkpoints). The mapping:
+
+=====================================================  ==============================
+Hugging Face ``BertModel``                              core ``TextEncoder``
+=====================================================  ==============================
+``embeddings.word_embeddings``                          ``tok_embed``
+``embeddings.position_embeddings``                      ``pos_embed``
+``embeddings.token_type_embeddings``                    ``type_embed``
+``embeddings.LayerNorm``                                ``embed_norm``
+``encoder.layer.{i}.attention.self.{query,key,value}``  ``encoder.layers.{i}.self_attn.qkv`` (stacked)
+``encoder.layer.{i}.attention.output.dense``            ``encoder.layers.{i}.self_attn.proj``
+``encoder.layer.{i}.attention.output.LayerNorm``        ``encoder.layers.{i}.norm1``
+``encoder.layer.{i}.intermediate.dense``                ``encoder.layers.{i}.mlp.fc1``
+``encoder.layer.{i}.output.dense``                      ``encoder.layers.{i}.mlp.fc2``
+``encoder.layer.{i}.output.LayerNorm``                  ``encoder.layers.{i}.norm2``
+=====================================================  ==============================
+
+BERT is post-norm with exact GELU, learned absolute positions, token types and an
+embedding LayerNorm; the pooler is dropped. Config options the core encoder does not
+implement (e.g. ``position_embedding_type`` other than ``absolute``) raise naming them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tk.core.errors import TkError
+from tk.core.nn.config import TransformerConfig
+
+__all__ = ["bert_config", "bert_state_dict", "read_bert_config", "load_bert_weights"]
+
+_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
+
+
+def read_bert_config(folder: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint folder, as a dict.
+
+    Raises:
+        TkError: the folder or its config.json is missing or unreadable.
+    """
+    path = Path(folder).expanduser() / "config.json"
+    if not path.is_file():
+        raise TkError(f"model.pretrained_dir: {path} does not exist; point it at a Hugging Face model folder "
+                      f"(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.txt)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TkError(f"model.pretrained_dir: cannot read {path}: {e}") from e
+
+
+def bert_config(hf: dict[str, Any], dropout: float | None = None) -> tuple[TransformerConfig, int, int]:
+    """A core config for a Hugging Face BERT ``config.json`` dict.
+
+    Args:
+        hf: the parsed config.json.
+        dropout: override ``hidden_dropout_prob`` (and the attention dropout); None keeps them.
+
+    Returns:
+        ``(cfg, vocab_size, type_vocab_size)``.
+
+    Raises:
+        TkError: a model type or option the core encoder does not implement, named.
+    """
+    problems = []
+    if hf.get("model_type", "bert") not in ("bert",):
+        problems.append(f"model_type {hf.get('model_type')!r} (only 'bert' checkpoints convert)")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        problems.append(f"position_embedding_type {hf['position_embedding_type']!r} (only 'absolute')")
+    act = hf.get("hidden_act", "gelu")
+    if act not in _ACTIVATIONS:
+        problems.append(f"hidden_act {act!r} (only gelu, relu)")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        problems.append("is_decoder/add_cross_attention (encoder checkpoints only)")
+    if problems:
+        raise TkError("model.pretrained_dir: unsupported config.json options: " + "; ".join(problems))
+    hidden_drop = hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout
+    attn_drop = hf.get("attention_probs_dropout_prob", 0.1) if dropout is None else dropout
+    cfg = TransformerConfig(
+        dim=hf["hidden_size"], depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+        hidden_dim=hf["intermediate_size"], activation=_ACTIVATIONS[act], norm="layernorm",
+        norm_eps=hf.get("layer_norm_eps", 1e-12), norm_first=False, final_norm=False, bias=True,
+        dropout=hidden_drop, attn_dropout=attn_drop, mlp_dropout=0.0, pos_encoding="learned",
+        max_len=hf.get("max_position_embeddings", 512),
+    )
+    return cfg, hf["vocab_size"], hf.get("type_vocab_size", 2)
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
+    if st.is_file():
+        from safetensors.torch import load_file  # lazy: only pretrained runs read safetensors
+
+        return load_file(str(st))
+    if pt.is_file():
+        return torch.load(pt, map_location="cpu", weights_only=True)
+    raise TkError(f"model.pretrained_dir: {folder} has neither model.safetensors nor pytorch_model.bin")
+
+
+def bert_state_dict(hf_state: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
+    """Rename (and stack q/k/v of) a ``BertModel`` state dict into ``TextEncoder`` names.
+
+    A leading ``bert.`` (task-head checkpoints) is stripped; heads and the pooler are dropped.
+
+    Raises:
+        TkError: a tensor the encoder needs is missing, named.
+    """
+    sd = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in hf_state.items()}
+
+    def take(name: str) -> torch.Tensor:
+        if name not in sd:
+            raise TkError(f"model.pretrained_dir: the checkpoint has no tensor {name!r}; is it a BERT encoder?")
+        return sd[name]
+
+    out = {"tok_embed.weight": take("embeddings.word_embeddings.weight"),
+           "pos_embed.weight": take("embeddings.position_embeddings.weight"),
+           "embed_norm.weight": take("embeddings.LayerNorm.weight"),
+           "embed_norm.bias": take("embeddings.LayerNorm.bias")}
+    if "embeddings.token_type_embeddings.weight" in sd:
+        out["type_embed.weight"] = sd["embeddings.token_type_embeddings.weight"]
+    for i in range(depth):
+        src, dst = f"encoder.layer.{i}.", f"encoder.layers.{i}."
+        for kind in ("weight", "bias"):
+            out[f"{dst}self_attn.qkv.{kind}"] = torch.cat(
+                [take(f"{src}attention.self.{n}.{kind}") for n in ("query", "key", "value")])
+            for a, b in (("attention.output.dense", "self_attn.proj"), ("attention.output.LayerNorm", "norm1"),
+                         ("intermediate.dense", "mlp.fc1"), ("output.dense", "mlp.fc2"),
+                         ("output.LayerNorm", "norm2")):
+                out[f"{dst}{b}.{kind}"] = take(f"{src}{a}.{kind}")
+    return out
+
+
+def load_bert_weights(encoder: torch.nn.Module, folder: str | Path) -> None:
+    """Copy a checkpoint folder's weights into ``encoder`` (a :class:`TextEncoder` built from
+    :func:`bert_config` of the same folder).
+
+    Raises:
+        TkError: missing files or tensors, or shapes that do not match the built encoder.
+    """
+    folder = Path(folder).expanduser()
+    state = bert_state_dict(_read_weights(folder), len(encoder.encoder.layers))
+    try:
+        missing, unexpected = encoder.load_state_dict(state, strict=False)
+    except RuntimeError as e:
+        raise TkError(f"model.pretrained_dir: {folder} does not fit the encoder built from its config.json: "
+                      f"{str(e).splitlines()[0]}") from e
+    missing = [k for k in missing if not k.endswith("rotary.inv_freq")]
+    if missing or unexpected:
+        raise TkError(f"model.pretrained_dir: {folder}: tensors missing {missing[:5]}, unexpected {unexpected[:5]}")

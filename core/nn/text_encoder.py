@@ -1,0 +1,116 @@
+"""A BERT-style text encoder: token + learned position (+ token-type) embeddings, an
+embedding LayerNorm, the core :class:`TransformerEncoder`, and cls / mean / max pooling.
+
+BERT: "Pre-training of Deep Bidirectional Transformers for Language Understanding"
+(Devlin et al., 2018), https://arxiv.org/abs/1810.04805. Pretrained BERT-family weights
+load through :func:`tk.core.nn.convert_bert.load_bert`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.layers import build_norm
+from tk.core.nn.transformer import TransformerEncoder
+
+__all__ = ["TextEncoder", "pool"]
+
+TEXT_POOLINGS = ("cls", "mean", "max")
+
+
+def pool(hidden: Tensor, key_padding_mask: Tensor | None, how: Literal["cls", "mean", "max"]) -> Tensor:
+    """One vector per sequence.
+
+    Args:
+        hidden: (B, T, D) token states.
+        key_padding_mask: (B, T) bool, True at padding (None: no padding).
+        how: "cls" (the first token), "mean" or "max" over non-PAD tokens.
+
+    Returns:
+        (B, D).
+    """
+    if how == "cls":
+        return hidden[:, 0]
+    if key_padding_mask is None:
+        return hidden.mean(1) if how == "mean" else hidden.amax(1)
+    keep = (~key_padding_mask).unsqueeze(-1)  # (B, T, 1)
+    if how == "mean":
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1)
+    if how == "max":
+        return hidden.masked_fill(~keep, torch.finfo(hidden.dtype).min).amax(1)
+    raise ValueError(f"pooling ({how!r}) must be one of {', '.join(TEXT_POOLINGS)}")
+
+
+class TextEncoder(nn.Module):
+    """Token ids -> contextual states, BERT layout (embeddings summed, then norm and dropout).
+
+    Positions are always learned (``cfg.max_len`` of them); ``cfg.pos_encoding`` is not read.
+    Parameter names: ``tok_embed``, ``pos_embed``, ``type_embed`` (absent with
+    ``type_vocab_size=0``), ``embed_norm``, ``encoder.*``.
+
+    Args:
+        cfg: the encoder layers' options (BERT: ``norm_first=False``, ``activation="gelu"``,
+            ``norm_eps=1e-12``).
+        vocab_size: token ids are in ``[0, vocab_size)``.
+        type_vocab_size: token-type (segment) ids; 0 = no token-type embedding.
+        pad_id: the padding id (its mask is derived from it when none is given).
+    """
+
+    def __init__(self, cfg: TransformerConfig, vocab_size: int, type_vocab_size: int = 2, pad_id: int = 0) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg, self.pad_id = cfg, pad_id
+        self.tok_embed = nn.Embedding(vocab_size, cfg.dim, padding_idx=pad_id)
+        self.pos_embed = nn.Embedding(cfg.max_len, cfg.dim)
+        self.type_embed = nn.Embedding(type_vocab_size, cfg.dim) if type_vocab_size > 0 else None
+        self.embed_norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.embed_drop = nn.Dropout(cfg.dropout)
+        self.encoder = TransformerEncoder(cfg)
+        for module in (self.tok_embed, self.pos_embed, self.type_embed):
+            if module is not None:
+                nn.init.normal_(module.weight, std=0.02)
+        with torch.no_grad():
+            self.tok_embed.weight[pad_id].zero_()
+
+    def num_layers(self) -> int:
+        """Layers for ``optim.layer_decay``: embeddings 0, encoder layer i -> i + 1."""
+        return self.encoder.num_layers()
+
+    def layer_id(self, name: str) -> int:
+        """Layer id of a parameter name (``optim.layer_decay``)."""
+        if name.startswith("encoder."):
+            return self.encoder.layer_id(name[len("encoder."):])
+        return 0
+
+    def padding_mask(self, tokens: Tensor) -> Tensor:
+        """(B, T) bool, True where ``tokens == pad_id``."""
+        return tokens == self.pad_id
+
+    def forward(self, tokens: Tensor, token_types: Tensor | None = None,
+                key_padding_mask: Tensor | None = None) -> Tensor:
+        """Args:
+            tokens: (B, T) long ids, T <= ``cfg.max_len``.
+            token_types: (B, T) long segment ids (default zeros).
+            key_padding_mask: (B, T) bool, True at padding; default from ``pad_id``.
+
+        Returns:
+            (B, T, D) hidden states (padded positions hold values that mean nothing).
+
+        Raises:
+            ValueError: a sequence longer than ``cfg.max_len``.
+        """
+        T = tokens.shape[1]
+        if T > self.cfg.max_len:
+            raise ValueError(f"sequence length {T} exceeds max_len {self.cfg.max_len}; truncate the input")
+        if key_padding_mask is None:
+            key_padding_mask = self.padding_mask(tokens)
+        x = self.tok_embed(tokens) + self.pos_embed(torch.arange(T, device=tokens.device))
+        if self.type_embed is not None:
+            types = torch.zeros_like(tokens) if token_types is None else token_types
+            x = x + self.type_embed(types)
+        x = self.embed_drop(self.embed_norm(x))
+        return self.encoder(x, key_padding_mask=key_padding_mask)

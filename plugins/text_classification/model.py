@@ -1,0 +1,65 @@
+"""The ``model:`` section and the classifier: core :class:`TextEncoder`, pooling, dropout, linear head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor, nn
+
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.text_encoder import TEXT_POOLINGS, TextEncoder, pool
+
+
+@dataclass
+class ModelConfig(TransformerConfig):
+    """The recipe's ``model:`` section: core's :class:`TransformerConfig` (a from-scratch
+    encoder; positions are learned, ``data.max_len`` of them) plus the head and fine-tuning keys."""
+
+    dim: int = 128  # encoder width D
+    depth: int = 2  # encoder layers
+    num_heads: int = 4  # attention heads
+    mlp_ratio: float = 2.0  # feed-forward width / dim
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # must stay "learned"
+    pooling: Literal["cls", "mean", "max"] = "cls"  # sentence vector: [CLS] state, or mean/max over non-PAD
+    head_dropout: float = 0.1  # dropout before the classification layer
+    pretrained_dir: str | None = None  # HF BERT-family folder to fine-tune (its shape and tokenizer replace these)
+    encoder_lr_scale: float = 1.0  # encoder lr = optim.lr * this (e.g. 0.1 when fine-tuning); head: optim.lr
+
+    def check(self, prefix: str = "model") -> list[str]:
+        problems = super().check(prefix)
+        if self.pooling not in TEXT_POOLINGS:
+            problems.append(f"{prefix}.pooling ({self.pooling!r}) must be one of {', '.join(TEXT_POOLINGS)}")
+        if self.pos_encoding != "learned":
+            problems.append(f"{prefix}.pos_encoding ({self.pos_encoding!r}) must be 'learned' (BERT layout)")
+        if not 0.0 <= self.head_dropout < 1.0:
+            problems.append(f"{prefix}.head_dropout ({self.head_dropout}) must be in [0, 1)")
+        if not self.encoder_lr_scale > 0:
+            problems.append(f"{prefix}.encoder_lr_scale ({self.encoder_lr_scale}) must be > 0")
+        return problems
+
+
+class TextClassifier(nn.Module):
+    """Encoder -> pooled vector (B, D) -> dropout -> linear -> logits (B, C).
+
+    Args:
+        encoder: a :class:`TextEncoder`.
+        num_classes: C.
+        pooling: "cls", "mean" or "max".
+        head_dropout: dropout before the linear layer.
+    """
+
+    def __init__(self, encoder: TextEncoder, num_classes: int, pooling: str, head_dropout: float) -> None:
+        super().__init__()
+        self.encoder, self.pooling = encoder, pooling
+        self.drop = nn.Dropout(head_dropout)
+        self.head = nn.Linear(encoder.cfg.dim, num_classes)
+        nn.init.normal_(self.head.weight, std=0.02)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """Args: input_ids (B, T) long, PAD = the encoder's ``pad_id``; token_types (B, T).
+        Returns: (B, C) logits."""
+        mask = self.encoder.padding_mask(input_ids)
+        hidden = self.encoder(input_ids, token_types, key_padding_mask=mask)
+        return self.head(self.drop(pool(hidden, mask, self.pooling)))

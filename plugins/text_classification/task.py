@@ -1,0 +1,195 @@
+"""The ``text_classification`` task: labelled text -> trained tokenizer -> core TextEncoder + head."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+from torch.utils.data import Dataset
+
+from tk.core.errors import TkError
+from tk.core.losses import cross_entropy_sum
+from tk.core.metrics import Metric
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config
+from tk.core.nn.text_encoder import TextEncoder
+from tk.core.engine.optim import OptimConfig, param_groups
+from tk.core.step import EvalContext, StepOutput
+from tk.core.task import Task
+from tk.plugins.text_classification.data import DataConfig, EncodedDataset, Row, check_data, read_rows
+from tk.plugins.text_classification.metrics import ClassificationMetrics
+from tk.plugins.text_classification.model import ModelConfig, TextClassifier
+from tk.plugins.text_classification.tokenizer import encode, load_pretrained_tokenizer, special_id, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+LABELS_FILE = "labels.json"  # task file: the label values in class-index order
+TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (trained, or the pretrained model's)
+ENCODER_FILE = "encoder.json"  # task file (fine-tuning): the encoder shape read from config.json
+
+
+def _label_key(label: Any) -> tuple[str, Any]:
+    return (type(label).__name__, label)
+
+
+class TextClassificationTask(Task):
+    """Text classification: a BERT-style encoder (from scratch or fine-tuned) on CSV/TSV/JSONL, HF datasets or synthetic text."""
+
+    name: ClassVar[str] = "text_classification"
+    DataConfig: ClassVar[type] = DataConfig
+    ModelConfig: ClassVar[type] = ModelConfig
+
+    def __init__(self, cfg: Any, run_dir: Any = None) -> None:
+        super().__init__(cfg, run_dir)
+        self.labels: list[Any] | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.encoder_spec: dict[str, Any] | None = None
+        self._train_rows: list[Row] | None = None
+        self.truncated: dict[str, int] = {}  # split -> examples cut to max_len
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> list[str]:
+        return check_data(cfg.sections["data"])
+
+    # -- state -----------------------------------------------------------------------
+    def setup(self, resume: bool = False) -> None:
+        """Fresh run: label set from the train split, tokenizer trained on it (or the pretrained
+        model's), both written as task files. Resume/eval/predict: read back, never retrained."""
+        m: ModelConfig = self.model_cfg
+        if self.labels is None and self.files.exists(LABELS_FILE):
+            self.labels = json.loads(self.files.read_text(LABELS_FILE))
+        if self.tokenizer is None and self.files.exists(TOKENIZER_FILE):
+            self.tokenizer = Tokenizer.from_str(self.files.read_text(TOKENIZER_FILE))
+        if self.encoder_spec is None and self.files.exists(ENCODER_FILE):
+            self.encoder_spec = json.loads(self.files.read_text(ENCODER_FILE))
+        if self.labels is None:
+            self._train_rows = read_rows(self.data, "train")
+            self.labels = sorted({r[2] for r in self._train_rows}, key=_label_key)
+            if len(self.labels) < 2:
+                raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
+        if m.pretrained_dir is not None and self.encoder_spec is None:
+            cfg, vocab, types = bert_config(read_bert_config(m.pretrained_dir), dropout=m.dropout)
+            self.encoder_spec = {"cfg": dataclasses.asdict(cfg), "vocab_size": vocab, "type_vocab_size": types}
+        if self.tokenizer is None:
+            if m.pretrained_dir is not None:
+                self.tokenizer = load_pretrained_tokenizer(m.pretrained_dir)
+            else:
+                rows = self._train_rows or read_rows(self.data, "train")
+                texts = [r[0] for r in rows] + [r[1] for r in rows if r[1] is not None]
+                self.tokenizer = train_tokenizer(texts, self.data.tokenizer, self.data.vocab_size, self.data.lowercase)
+        if not resume and self.run_dir is not None:
+            for name, text in ((LABELS_FILE, json.dumps(self.labels, indent=1)), (TOKENIZER_FILE, self.tokenizer.to_str()),
+                               (ENCODER_FILE, json.dumps(self.encoder_spec) if self.encoder_spec else None)):
+                if text is not None and not self.files.exists(name):
+                    self.files.write_text(name, text)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"labels": self.labels}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "labels" in state:
+            self.labels = list(state["labels"])
+
+    @property
+    def pad_id(self) -> int:
+        return special_id(self.tokenizer, "[PAD]")
+
+    @property
+    def max_len(self) -> int:
+        if self.encoder_spec is not None:
+            return min(self.data.max_len, self.encoder_spec["cfg"]["max_len"])
+        return self.data.max_len
+
+    # -- data ------------------------------------------------------------------------
+    def build_dataset(self, split: str) -> Dataset:
+        """Tokenised rows of ``split``; a label not in the train split's set is a TkError naming it and its row."""
+        rows = self._train_rows if split == "train" and self._train_rows is not None else read_rows(self.data, split)
+        index = {_label_key(lab): i for i, lab in enumerate(self.labels)}
+        targets = []
+        for _, _, label, where in rows:
+            key = _label_key(label)
+            if key not in index:
+                raise TkError(f"{where}: label {label!r} is not among the train split's labels {self.labels[:20]}; "
+                              f"fix the row or add the label to the training data")
+            targets.append(index[key])
+        pairs = [r[1] for r in rows] if self.data.text_pair_column else None
+        ids, types, cut = encode(self.tokenizer, [r[0] for r in rows], pairs, self.max_len)
+        if cut:  # a warning: those examples lose text
+            log.warning("%s split: %d of %d examples truncated to %d tokens (data.max_len)", split, cut, len(rows),
+                        self.max_len)
+        self.truncated[split] = cut
+        return EncodedDataset([{"input_ids": i, "token_types": t, "labels": y} for i, t, y in zip(ids, types, targets)])
+
+    def collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        """Pad to the longest example of the batch (dynamic padding)."""
+        T = max(len(s["input_ids"]) for s in samples)
+        ids = torch.full((len(samples), T), self.pad_id, dtype=torch.long)
+        types = torch.zeros((len(samples), T), dtype=torch.long)
+        for row, s in enumerate(samples):
+            ids[row, : len(s["input_ids"])] = torch.tensor(s["input_ids"])
+            types[row, : len(s["token_types"])] = torch.tensor(s["token_types"])
+        labels = torch.tensor([s["labels"] for s in samples], dtype=torch.long) if "labels" in samples[0] else None
+        batch = {"input_ids": ids, "token_types": types}
+        return batch if labels is None else {**batch, "labels": labels}
+
+    # -- model and loss ----------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        m: ModelConfig = self.model_cfg
+        if self.encoder_spec is not None:
+            cfg = TransformerConfig(**self.encoder_spec["cfg"])
+            vocab, types = self.encoder_spec["vocab_size"], self.encoder_spec["type_vocab_size"]
+        else:
+            fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+            cfg = TransformerConfig(**{**{k: v for k, v in dataclasses.asdict(m).items() if k in fields},
+                                       "max_len": self.data.max_len})
+            vocab, types = self.tokenizer.get_vocab_size(), 2
+        encoder = TextEncoder(cfg, vocab, type_vocab_size=types, pad_id=self.pad_id)
+        return TextClassifier(encoder, len(self.labels), m.pooling, m.head_dropout)
+
+    def init_pretrained(self, model: nn.Module) -> None:
+        """Fine-tuning: copy ``model.pretrained_dir``'s weights into the encoder (fresh runs only)."""
+        if self.model_cfg.pretrained_dir is not None:
+            load_bert_weights(model.encoder, self.model_cfg.pretrained_dir)
+
+    def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
+        """Encoder parameters at ``optim.lr * model.encoder_lr_scale``, the head at ``optim.lr``."""
+        scale = self.model_cfg.encoder_lr_scale
+        return param_groups(model, optim_cfg, lr_scale=lambda n: scale if n.startswith("encoder.") else 1.0)
+
+    def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        """Cross-entropy summed over the batch; ``outputs`` are the (B, C) logits."""
+        logits = model(batch["input_ids"], batch["token_types"])
+        loss, count = cross_entropy_sum(logits, batch["labels"])
+        return StepOutput(loss=loss, num_items=count, outputs=logits.detach())
+
+    def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
+        return {"cls": ClassificationMetrics(len(self.labels))}
+
+    # -- inference ---------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
+        """Label and class probabilities of each text line (a pair task: the two texts tab-separated).
+
+        Returns:
+            One dict per input, in order: ``{"label": value, "probs": {label: p, ...}}``.
+        """
+        pairs = None
+        texts = list(inputs)
+        if self.data.text_pair_column:
+            split = [t.split("\t", 1) for t in texts]
+            bad = [t for t, s in zip(texts, split) if len(s) != 2]
+            if bad:
+                raise TkError(f"{bad[0]!r}: this run classifies text pairs; give the two texts separated by a tab")
+            texts, pairs = [s[0] for s in split], [s[1] for s in split]
+        ids, types, _ = encode(self.tokenizer, texts, pairs, self.max_len)
+        batch = self.collate([{"input_ids": i, "token_types": t} for i, t in zip(ids, types)])
+        device = next(model.parameters()).device
+        model.eval()
+        probs = model(batch["input_ids"].to(device), batch["token_types"].to(device)).float().softmax(-1).cpu()
+        names = [str(lab) for lab in self.labels]
+        return [{"label": self.labels[int(p.argmax())], "probs": dict(zip(names, p.tolist()))} for p in probs]

@@ -1,0 +1,194 @@
+"""Tests for the text_classification plugin: core TextEncoder (pooling, BERT conversion),
+tokenizer truncation, label handling and errors, end-to-end learning vs bag-of-words, predict."""
+
+import json
+
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+from tk.core.cli import cli
+from tk.core.engine.inference import load_run
+from tk.core.errors import TkError
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config
+from tk.core.nn.text_encoder import TextEncoder, pool
+from tk.plugins.text_classification.data import DataConfig, read_rows
+from tk.plugins.text_classification.synthetic import synthetic_rows
+from tk.plugins.text_classification.tokenizer import encode, train_tokenizer
+
+SMALL_RUN = ["train.progress=false", "train.num_workers=0", "model.dim=32", "model.depth=1", "data.vocab_size=100"]
+
+
+def run_cli(args, **kwargs):
+    result = CliRunner().invoke(cli, args, catch_exceptions=False, **kwargs)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_mean_and_max_pooling_ignore_pad():
+    torch.manual_seed(0)
+    enc = TextEncoder(TransformerConfig(dim=16, depth=1, num_heads=2, dropout=0.0, max_len=12), 30).eval()
+    short = torch.tensor([[5, 6, 7]])
+    batch = torch.tensor([[5, 6, 7, 0, 0, 0], [1, 2, 3, 4, 5, 6]])  # row 0 = short + PAD
+    alone, padded = enc(short), enc(batch)
+    mask = enc.padding_mask(batch)
+    for how in ("mean", "max"):
+        expected = alone[0].mean(0) if how == "mean" else alone[0].amax(0)  # by hand, no PAD present
+        torch.testing.assert_close(pool(padded, mask, how)[0], expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(padded.mean(1)[0], alone[0].mean(0), atol=1e-3)  # PAD would change a naive mean
+
+
+def test_truncation_is_counted():
+    tok = train_tokenizer(["a b c d e f g h"] * 10, "wordpiece", 40, True)
+    ids, types, cut = encode(tok, ["a b", "a b c d e f g h", "a b c d"], None, max_len=5)
+    assert cut == 2  # 10 and 6 tokens with [CLS]/[SEP] exceed 5; 4 does not
+    assert [len(i) for i in ids] == [4, 5, 5]
+    assert ids[1][0] == tok.token_to_id("[CLS]") and ids[1][-1] == tok.token_to_id("[SEP]")
+    _, pair_types, _ = encode(tok, ["a b"], ["c d"], max_len=16)
+    assert pair_types[0] == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_bert_checkpoint_matches_transformers(tmp_path):
+    torch.manual_seed(0)
+    hf_cfg = transformers.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=48, max_position_embeddings=24)
+    ref = transformers.BertModel(hf_cfg).eval()
+    ref.save_pretrained(tmp_path)
+    cfg, vocab, types = bert_config(read_bert_config(tmp_path))
+    enc = TextEncoder(cfg, vocab, types).eval()
+    load_bert_weights(enc, tmp_path)
+    ids = torch.randint(1, 60, (3, 9))
+    ids[1, 5:] = 0
+    ids[2, 2:] = 0
+    token_types = torch.zeros_like(ids)
+    token_types[0, 4:] = 1
+    attn = (ids != 0).long()
+    expected = ref(input_ids=ids, attention_mask=attn, token_type_ids=token_types).last_hidden_state
+    got = enc(ids, token_types)
+    keep = attn.bool()
+    torch.testing.assert_close(got[keep], expected[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_bert_option_is_named(tmp_path):
+    cfg = transformers.BertConfig(position_embedding_type="relative_key").to_dict()
+    with pytest.raises(TkError, match="position_embedding_type 'relative_key'"):
+        bert_config(cfg)
+    with pytest.raises(TkError, match="config.json does not exist"):
+        read_bert_config(tmp_path / "nowhere")
+
+
+def write_tsv(path, rows):
+    path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    return path
+
+
+def test_bad_rows_name_file_and_line(tmp_path):
+    write_tsv(tmp_path / "t.tsv", [("good film", "pos"), ("", "neg")])
+    d = DataConfig(source="files", train_file=str(tmp_path / "t.tsv"), val_file=str(tmp_path / "t.tsv"))
+    with pytest.raises(TkError, match=r"t\.tsv:3: missing or empty 'sentence'"):
+        read_rows(d, "train")
+    d.train_file = str(tmp_path / "missing.tsv")
+    with pytest.raises(TkError, match="data.train_file: .*missing.tsv does not exist"):
+        read_rows(d, "train")
+
+
+def test_string_labels_round_trip_and_unseen_label(tmp_path):
+    rows = [(t, "yes" if y == "positive" else "no") for t, y in synthetic_rows(64, 0)]
+    train, val = write_tsv(tmp_path / "train.tsv", rows), write_tsv(tmp_path / "dev.tsv", rows[:16])
+    run_dir = tmp_path / "run"
+    files = ["data.source=files", f"data.train_file={train}", f"data.val_file={val}"]
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", *files, "train.max_steps=2", *SMALL_RUN])
+    assert json.loads((run_dir / "artifacts" / "labels.json").read_text()) == ["no", "yes"]
+    task, model = load_run(run_dir, "last", [])
+    assert task.labels == ["no", "yes"]
+    [pred] = task.predict(model, ["good , not bad"])
+    assert pred["label"] in ("no", "yes") and set(pred["probs"]) == {"no", "yes"}
+    assert abs(sum(pred["probs"].values()) - 1) < 1e-5
+    write_tsv(val, rows[:3] + [("fine film", "maybe")])
+    with pytest.raises(TkError, match=r"dev\.tsv:5: label 'maybe' is not among"):
+        task.build_dataset("val")
+
+
+def bag_of_words_accuracy(train, val) -> float:
+    """Logistic regression on word counts (full-batch Adam, torch), val accuracy."""
+    vocab = {w: i for i, w in enumerate(sorted({w for t, _ in train for w in t.split()}))}
+    labels = sorted({y for _, y in train})
+
+    def counts(rows):
+        x = torch.zeros(len(rows), len(vocab))
+        for r, (t, _) in enumerate(rows):
+            for w in t.split():
+                if w in vocab:
+                    x[r, vocab[w]] += 1
+        return x, torch.tensor([labels.index(y) for _, y in rows])
+
+    (xt, yt), (xv, yv) = counts(train), counts(val)
+    lin = torch.nn.Linear(len(vocab), len(labels))
+    opt = torch.optim.Adam(lin.parameters(), lr=0.05)
+    for _ in range(300):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(lin(xt), yt).backward()
+        opt.step()
+    return (lin(xv).argmax(-1) == yv).float().mean().item()
+
+
+@pytest.mark.slow
+def test_synthetic_run_beats_bag_of_words_and_predicts_from_stdin(tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.num_train=2000", "train.max_steps=250",
+             "train.eval_every=250", "optim.lr=3e-3", "train.progress=false", "train.num_workers=0"])
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    acc = [m["val/accuracy"] for m in metrics if "val/accuracy" in m][-1]
+    bow = bag_of_words_accuracy(synthetic_rows(2000, 0), synthetic_rows(500, 1))  # the recipe's splits
+    assert bow < 0.75, f"the synthetic corpus should defeat bag-of-words, got {bow:.3f}"
+    assert acc > bow + 0.2, f"encoder {acc:.3f} vs bag-of-words {bow:.3f}"
+
+    val = synthetic_rows(20, 1)[:20]  # the first val sentences
+    result = run_cli(["predict", str(run_dir), "-"], input="".join(f"{t}\n" for t, _ in val))
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["input"] for r in records] == [t for t, _ in val]
+    hits = sum(r["label"] == y for r, (_, y) in zip(records, val))
+    assert hits >= 17, f"tk predict got {hits}/20 validation sentences right"
+    assert all(set(r["probs"]) == {"negative", "positive"} for r in records)
+
+
+def test_fine_tune_from_bert_folder_then_predict_without_it(tmp_path):
+    import shutil
+
+    words = sorted({w for t, _ in synthetic_rows(200, 0) for w in t.split()})
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(
+        vocab_size=5 + len(words), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40))
+    hf.save_pretrained(folder)
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", f"model.pretrained_dir={folder}",
+             "model.encoder_lr_scale=0.1", "optim.lr=1e-9", "train.max_steps=1", "data.num_train=64",
+             "data.num_val=16", "train.progress=false", "train.num_workers=0"])
+    shutil.rmtree(folder)  # eval/predict use the run's own files and weights
+    task, model = load_run(run_dir, "last", [])
+    assert task.tokenizer.token_to_id("good") == 5 + words.index("good")  # the folder's vocabulary, not a trained one
+    torch.testing.assert_close(model.encoder.tok_embed.weight, hf.embeddings.word_embeddings.weight, atol=1e-6, rtol=0)
+    assert model.encoder.cfg.dim == 32 and not model.encoder.cfg.norm_first
+    [pred] = task.predict(model, ["the film was not bad"])
+    assert pred["label"] in ("negative", "positive")
+    groups = task.param_groups(model, task.cfg.optim)
+    lrs = {("encoder" if g["param_names"][0].startswith("encoder.") else "head"): g["lr"] for g in groups}
+    assert lrs["encoder"] == pytest.approx(0.1 * lrs["head"])
+
+
+@pytest.mark.slow
+def test_hf_datasets_source_reads_local_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))  # read when datasets is first imported
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (tmp_path / "t.csv").write_text("sentence,label\ngood film,pos\nbad film,neg\n")
+    d = DataConfig(source="hf", hf_name="csv", hf_data_files={"train": str(tmp_path / "t.csv")})
+    assert [(r[0], r[2]) for r in read_rows(d, "train")] == [("good film", "pos"), ("bad film", "neg")]
+    d.hf_name = "no_such_builder_xyz"
+    with pytest.raises(TkError, match="data.hf_name: cannot load 'no_such_builder_xyz'"):
+        read_rows(d, "train")
