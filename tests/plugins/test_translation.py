@@ -142,8 +142,9 @@ def test_synthetic_pair_is_not_a_copy_or_reversal():
 def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
     run = tmp_path / "run"
     args = ["run", "translation_synthetic", f"output_dir={run}", "data.num_train=3000", "data.num_val=100",
-            "model.dim=64", "train.max_steps=250", "train.eval_every=250", "train.progress=false",
-            "schedule.warmup_steps=40", "optim.lr=3.0e-3", "train.keep_last=2", "train.save_every=125"]
+            "data.max_tokens=1024", "model.dim=64", "train.max_steps=160", "train.eval_every=160",
+            "train.progress=false",
+            "schedule.warmup_steps=40", "optim.lr=3.0e-3", "train.keep_last=2", "train.save_every=80"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     import json
