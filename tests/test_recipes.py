@@ -14,7 +14,8 @@ RECIPES = sorted(builtin_recipes())
 # Per task: overrides that swap downloads for generated data and shrink the run.
 OFFLINE = {
     "image_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32"],
-    "translation": ["data.source=synthetic", "data.max_len=64", "data.max_tokens=512", "data.num_train=64", "data.num_val=16", "tokenizer.vocab_size=60", "model.dim=32", "model.depth=1",
+    "translation": ["data.source=synthetic", "data.max_len=64", "data.max_tokens=512", "data.num_train=64",
+                    "data.num_val=16", "tokenizer.vocab_size=60", "model.dim=32", "model.depth=1",
                     "model.hidden_dim=64", "decode.beam_size=1", "decode.max_len_b=4"],
 }
 SMALL = ["train.max_steps=2", "train.eval_every=2", "train.batch_size=8", "train.eval_batch_size=16",
