@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -73,3 +74,4 @@ class CorpusBleu(Metric):
         name = f"{ctx.key_prefix}_step{ctx.step}"
         (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for _, h in self.hyps), encoding="utf-8")
         (out_dir / f"{name}.sacrebleu.json").write_text(json.dumps(self.signatures(), indent=1), encoding="utf-8")
+        print(f"sacreBLEU signatures: {self.signatures()}", file=sys.stderr, flush=True)

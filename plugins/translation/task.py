@@ -110,8 +110,8 @@ class TranslationTask(Task):
         if best.endswith(("/bleu", "/chrf")) and dec.bleu_every != 1:
             problems.append(f"train.best_metric ({best!r}) needs BLEU on every evaluation: set decode.bleu_every=1 "
                             f"(now {dec.bleu_every}) or best_metric: val/loss")
-        if not 0.0 <= cls_eps(cfg) < 1.0:
-            problems.append(f"loss.label_smoothing ({cls_eps(cfg)}) must be in [0, 1)")
+        if not 0.0 <= _label_smoothing(cfg) < 1.0:
+            problems.append(f"loss.label_smoothing ({_label_smoothing(cfg)}) must be in [0, 1)")
         return problems
 
     # -- tokenizers ------------------------------------------------------------------
@@ -250,5 +250,6 @@ class TranslationTask(Task):
         return [{"input": s, "translation": t} for s, t in zip(inputs, self.translate(model, inputs))]
 
 
-def cls_eps(cfg: Any) -> float:
+def _label_smoothing(cfg: Any) -> float:
+    """The recipe's loss.label_smoothing (default when the section is absent)."""
     return (cfg.sections.get("loss") or LossConfig()).label_smoothing
