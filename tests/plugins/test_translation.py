@@ -1,6 +1,7 @@
 """Tests for the translation plugin: data and batching, masks, loss, decoding, tokenizer
 task files, an end-to-end run scored with sacreBLEU, and ``tk translate``."""
 
+import json
 import math
 
 import pytest
@@ -147,7 +148,6 @@ def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
             "schedule.warmup_steps=40", "optim.lr=3.0e-3", "train.keep_last=2", "train.save_every=80"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    import json
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     bleu = [r["val/bleu"] for r in evals if "val/bleu" in r][-1]
     task = make_task(["data.source=synthetic"], run_dir=run, resume=True)  # loads, never retrains
@@ -168,5 +168,6 @@ def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
     out = CliRunner().invoke(cli, ["translate", str(run), "-", "--beam", "3", "--average-last", "2"], input=lines)
     assert out.exit_code == 0, out.output
     hyps = out.stdout.strip("\n").split("\n")
-    assert len(hyps) == 5 and sum(h == t for h, (_, t) in zip(hyps, val[:5])) >= 2
+    assert len(hyps) == 5
+    assert sacrebleu.corpus_bleu(hyps, [[t for _, t in val[:5]]]).score > copy_bleu + 20, hyps
     assert (run / "artifacts" / JOINT_FILE).read_bytes() == before
