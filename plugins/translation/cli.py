@@ -1,0 +1,39 @@
+"""``tk translate RUN [FILE|-]``: translate lines with a trained translation run."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tk.core.engine.checkpoint import load_model_state
+from tk.core.engine.export import average_checkpoints
+from tk.core.engine.inference import load_run, step_checkpoints
+from tk.core.errors import TkError
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("input_file", default="-", type=click.File("r", encoding="utf-8"))
+@click.option("--beam", "beam", type=int, default=None, help="beam size (1 = greedy); default decode.beam_size")
+@click.option("--checkpoint", default="best", show_default=True, help="best, last or a checkpoint file")
+@click.option("--average-last", type=int, default=None, help="average the weights of the last K step checkpoints")
+@click.option("--batch-size", type=int, default=None, help="lines per batch; default decode.batch_size")
+def translate(run_dir: str, input_file, beam: int | None, checkpoint: str, average_last: int | None,
+              batch_size: int | None) -> None:
+    """Print one translation per line of INPUT_FILE (default: stdin), in order."""
+    if beam is not None and beam < 1:
+        raise click.UsageError(f"--beam must be >= 1, got {beam}")
+    task, model = load_run(run_dir, checkpoint)
+    if average_last is not None:
+        found = step_checkpoints(run_dir)
+        if average_last < 1 or average_last > len(found):
+            raise TkError(f"--average-last {average_last}: {run_dir} has {len(found)} step checkpoints; "
+                          f"pass 1..{len(found)} (keep more with train.keep_last)")
+        load_model_state(model, average_checkpoints([p for _, p in found[-average_last:]]))
+    size = batch_size or task.decode_cfg.batch_size
+    lines = input_file.read().splitlines()
+    for start in range(0, len(lines), size):
+        for hyp in task.translate(model, lines[start:start + size], beam):
+            sys.stdout.write(hyp + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,255 @@
+"""The ``translation`` task: parallel data, subword tokenizers, a Transformer
+encoder-decoder, label-smoothed training, greedy/beam decoding and sacreBLEU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from tk.core.data.loader import LoaderSpec, build_loader
+from tk.core.data.samplers import TokenBudgetBatchSampler
+from tk.core.errors import TkError
+from tk.core.losses import cross_entropy_sum
+from tk.core.metrics import Metric
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.generation import GenerationConfig, generate
+from tk.core.nn.transformer import EncoderDecoder
+from tk.core.step import EvalContext, StepOutput
+from tk.core.task import Task
+from tk.plugins.translation.data import DataConfig, ParallelDataset, collate_pairs, pad_stack, read_pairs
+from tk.plugins.translation.metrics import CorpusBleu, Perplexity
+from tk.plugins.translation.tokenizer import TokenizerConfig, Vocab, load_tokenizer, train_tokenizer
+
+JOINT_FILE, SRC_FILE, TGT_FILE = "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json"
+DATA_REPORT = "data_report.json"  # task file: pairs kept / dropped per split
+
+
+@dataclass
+class ModelConfig(TransformerConfig):
+    """The recipe's ``model:`` section (TransformerConfig's keys)."""
+
+    dim: int = 256  # model width D
+    depth: int = 3  # encoder and decoder layers (unless encoder_depth/decoder_depth)
+    num_heads: int = 4  # attention heads
+    mlp_ratio: float = 4.0  # feed-forward width / dim
+    dropout: float = 0.1  # residual/embedding dropout
+    max_len: int = 256  # positions (tokens) per sequence
+    tie_embeddings: bool = True  # output projection = target embedding
+    share_embeddings: bool = True  # one embedding for source and target (needs tokenizer.joint)
+
+
+@dataclass
+class DecodeConfig:
+    """The recipe's ``decode:`` section: how hypotheses for BLEU and ``tk translate`` are made."""
+
+    beam_size: int = 1  # 1 = greedy search; > 1 = beam search with that many beams
+    length_penalty: float = 1.0  # beam: score = log-prob / length**length_penalty
+    max_len_a: float = 1.5  # longest output = max_len_a * source tokens + max_len_b
+    max_len_b: int = 10  # see max_len_a
+    bleu_every: int = 1  # BLEU/chrF on every n-th periodic evaluation (and always at the end)
+    batch_size: int = 64  # tk translate: lines per decoding batch
+
+
+@dataclass
+class LossConfig:
+    """The recipe's ``loss:`` section."""
+
+    label_smoothing: float = 0.1  # epsilon of label-smoothed cross-entropy (training only)
+
+
+class TranslationTask(Task):
+    """Machine translation: Transformer encoder-decoder on parallel text, scored with sacreBLEU."""
+
+    name: ClassVar[str] = "translation"
+    DataConfig: ClassVar[type] = DataConfig
+    ModelConfig: ClassVar[type] = ModelConfig
+    extra_sections: ClassVar[Mapping[str, type]] = {
+        "tokenizer": TokenizerConfig, "decode": DecodeConfig, "loss": LossConfig,
+    }
+
+    def __init__(self, cfg: Any, run_dir: Any = None) -> None:
+        super().__init__(cfg, run_dir)
+        self.tok_cfg: TokenizerConfig = self.sections.get("tokenizer") or TokenizerConfig()
+        self.decode_cfg: DecodeConfig = self.sections.get("decode") or DecodeConfig()
+        self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
+        self.src_vocab: Vocab | None = None
+        self.tgt_vocab: Vocab | None = None
+        self._datasets: dict[str, ParallelDataset] = {}
+        self.tokenizer_trained = False  # True only where this process trained the tokenizer(s)
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> list[str]:
+        data, tok = cfg.sections["data"], cfg.sections.get("tokenizer") or TokenizerConfig()
+        model, dec = cfg.sections["model"], cfg.sections.get("decode") or DecodeConfig()
+        problems = []
+        if model.share_embeddings and not tok.joint:
+            problems.append("model.share_embeddings: needs one joint vocabulary; set tokenizer.joint=true "
+                            "or model.share_embeddings=false")
+        if tok.path is not None and not tok.joint:
+            problems.append("tokenizer.path: a given tokenizer.json is one joint vocabulary; set tokenizer.joint=true")
+        if data.max_len < 3:
+            problems.append(f"data.max_len ({data.max_len}) must be >= 3 (BOS, a token, EOS)")
+        if data.max_tokens < data.max_len:
+            problems.append(f"data.max_tokens ({data.max_tokens}) must be >= data.max_len ({data.max_len}), "
+                            f"or the longest pairs fit in no batch")
+        if data.max_len > model.max_len:
+            problems.append(f"data.max_len ({data.max_len}) must be <= model.max_len ({model.max_len})")
+        if data.source in ("synthetic", "reverse") and min(data.num_train, data.num_val) < 1:
+            problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
+        if tok.vocab_size < 8:
+            problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 8")
+        if dec.beam_size < 1 or dec.bleu_every < 0 or dec.batch_size < 1:
+            problems.append("decode.beam_size and decode.batch_size must be >= 1, decode.bleu_every >= 0")
+        best = cfg.train.best_metric or ""
+        if best.endswith(("/bleu", "/chrf")) and dec.bleu_every != 1:
+            problems.append(f"train.best_metric ({best!r}) needs BLEU on every evaluation: set decode.bleu_every=1 "
+                            f"(now {dec.bleu_every}) or best_metric: val/loss")
+        if not 0.0 <= _label_smoothing(cfg) < 1.0:
+            problems.append(f"loss.label_smoothing ({_label_smoothing(cfg)}) must be in [0, 1)")
+        return problems
+
+    # -- tokenizers ------------------------------------------------------------------
+    def setup(self, resume: bool = False) -> None:
+        """Train the tokenizer(s) on the train split and save them as task files (fresh
+        run), or load the saved ones (resume, eval, translate: never retrained)."""
+        names = [JOINT_FILE] if self.tok_cfg.joint else [SRC_FILE, TGT_FILE]
+        if all(self.files.exists(n) for n in names) and self.run_dir is not None:
+            toks = [load_tokenizer(self.files.path(n)) for n in names]
+        elif resume:
+            raise TkError(f"{self.files.path(names[0])} is missing: this run's tokenizer is gone; restore the "
+                          f"run's artifacts/ folder (a tokenizer is never retrained on resume)")
+        else:
+            toks = self._train_tokenizers()
+            self.tokenizer_trained = True
+            if self.run_dir is not None:
+                for name, tok in zip(names, toks):
+                    self.files.write_text(name, tok.to_str(pretty=True))
+        self.src_vocab = Vocab(toks[0])
+        self.tgt_vocab = Vocab(toks[-1])
+
+    def _train_tokenizers(self) -> list:
+        if self.tok_cfg.path is not None:
+            return [load_tokenizer(self.tok_cfg.path)]
+        pairs = [self._norm(p) for p in read_pairs(self.data, "train")]
+        if not pairs:
+            raise TkError(f"the train split of data.source={self.data.source!r} is empty; check data.train_prefix")
+        if self.tok_cfg.joint:
+            return [train_tokenizer([s for s, _ in pairs] + [t for _, t in pairs], self.tok_cfg)]
+        return [train_tokenizer([s for s, _ in pairs], self.tok_cfg), train_tokenizer([t for _, t in pairs],
+                                                                                      self.tok_cfg)]
+
+    def _norm(self, pair: tuple[str, str]) -> tuple[str, str]:
+        return (pair[0].lower(), pair[1].lower()) if self.data.lowercase else pair
+
+    @property
+    def pad_id(self) -> int:
+        return self.tgt_vocab.pad
+
+    # -- data ------------------------------------------------------------------------
+    def build_dataset(self, split: str) -> ParallelDataset:
+        """Tokenised pairs of ``split`` (see :class:`ParallelDataset` for the dropping rules)."""
+        if split not in self._datasets:
+            pairs = [self._norm(p) for p in read_pairs(self.data, split)]
+            ds = ParallelDataset(pairs, self.src_vocab.encode, self.tgt_vocab.encode, self.tgt_vocab.bos,
+                                 self.tgt_vocab.eos, self.data.max_len)
+            if len(ds) == 0:
+                raise TkError(f"the {split} split has no usable pairs ({len(pairs)} read, dropped {ds.dropped}); "
+                              f"check the data files or raise data.max_len ({self.data.max_len})")
+            print(f"translation: {split}: {len(ds)} pairs kept of {len(pairs)}; dropped {ds.dropped['empty']} "
+                  f"empty and {ds.dropped['too_long']} longer than data.max_len={self.data.max_len} tokens",
+                  file=sys.stderr, flush=True)
+            self._write_report(split, len(pairs), ds)
+            self._datasets[split] = ds
+        return self._datasets[split]
+
+    def _write_report(self, split: str, read: int, ds: ParallelDataset) -> None:
+        if self.run_dir is None:
+            return
+        try:
+            report = json.loads(self.files.read_text(DATA_REPORT)) if self.files.exists(DATA_REPORT) else {}
+            report[split] = {"read": read, "kept": len(ds), "dropped": ds.dropped}
+            self.files.write_text(DATA_REPORT, json.dumps(report, indent=1))
+        except OSError:  # a read-only run dir (eval of a copied run) keeps the console line only
+            pass
+
+    def collate(self, samples: list[dict]) -> dict[str, torch.Tensor]:
+        return collate_pairs(samples, self.pad_id)
+
+    def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
+        """Token-budget batches (``data.max_tokens`` padded tokens), built by length."""
+        ds = self.build_dataset(split)
+        sampler = TokenBudgetBatchSampler.from_spec(spec, ds.lengths, self.data.max_tokens)
+        return build_loader(ds, spec, self.collate, batch_sampler=sampler)
+
+    # -- model and loss ----------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        return EncoderDecoder(self.model_cfg, self.src_vocab.size, self.tgt_vocab.size, pad_id=self.pad_id)
+
+    def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        """Teacher forcing: ``model(src, tgt_in)`` predicts ``tgt_out``; label-smoothed CE
+        (training only) summed over non-PAD target tokens."""
+        logits = model(batch["src"], batch["tgt_in"])  # (B, Tt, V)
+        eps = self.loss_cfg.label_smoothing if model.training else 0.0
+        loss, count = cross_entropy_sum(logits, batch["tgt_out"], label_smoothing=eps, ignore_index=self.pad_id)
+        return StepOutput(loss=loss, num_items=count)
+
+    def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
+        out = self.loss(model, batch)
+        if ctx.every(self.decode_cfg.bleu_every):
+            hyps = self.decode(model, batch["src"])
+            out.outputs = {"hyps": list(zip(batch["id"].tolist(), hyps))}
+        return out
+
+    def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
+        metrics: dict[str, Metric] = {"ppl": Perplexity()}
+        if ctx.every(self.decode_cfg.bleu_every):
+            ds = self._datasets.get(ctx.split)
+            refs, sources = (ds.refs, ds.sources) if ds is not None else ([], [])
+            metrics["bleu"] = CorpusBleu(refs, sources)
+        return metrics
+
+    # -- decoding ------------------------------------------------------------------------
+    def generation_config(self, src_len: int, beam_size: int | None = None) -> GenerationConfig:
+        """Core generation settings for a source batch of ``src_len`` tokens."""
+        d = self.decode_cfg
+        beam = d.beam_size if beam_size is None else beam_size
+        max_len = max(1, min(int(d.max_len_a * src_len) + d.max_len_b, self.model_cfg.max_len - 1))
+        return GenerationConfig(strategy="beam" if beam > 1 else "greedy", beam_size=beam, max_len=max_len,
+                                length_penalty=d.length_penalty, bos_id=self.tgt_vocab.bos,
+                                eos_id=self.tgt_vocab.eos, pad_id=self.pad_id)
+
+    def decode(self, model: nn.Module, src: torch.Tensor, beam_size: int | None = None) -> list[str]:
+        """Detokenised translations of a padded source batch (B, Ts)."""
+        out = generate(model, src, self.generation_config(src.shape[1], beam_size))
+        return self.tgt_vocab.decode(out.tokens.tolist())
+
+    @torch.no_grad()
+    def translate(self, model: nn.Module, lines: Sequence[str], beam_size: int | None = None) -> list[str]:
+        """Translate raw source lines (an empty line gives an empty translation)."""
+        device = next(model.parameters()).device
+        texts = [line.strip().lower() if self.data.lowercase else line.strip() for line in lines]
+        keep = [i for i, t in enumerate(texts) if t]
+        results = [""] * len(texts)
+        if not keep:
+            return results
+        limit = self.model_cfg.max_len
+        ids = [seq[: limit - 1] + [self.src_vocab.eos] for seq in self.src_vocab.encode([texts[i] for i in keep])]
+        src = pad_stack([torch.tensor(s) for s in ids], self.pad_id).to(device)
+        for i, hyp in zip(keep, self.decode(model.eval(), src, beam_size)):
+            results[i] = hyp
+        return results
+
+    def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
+        """``tk predict``: ``{"input": line, "translation": text}`` per source line."""
+        return [{"input": s, "translation": t} for s, t in zip(inputs, self.translate(model, inputs))]
+
+
+def _label_smoothing(cfg: Any) -> float:
+    """The recipe's loss.label_smoothing (default when the section is absent)."""
+    return (cfg.sections.get("loss") or LossConfig()).label_smoothing

@@ -1,0 +1,173 @@
+"""Tests for the translation plugin: data and batching, masks, loss, decoding, tokenizer
+task files, an end-to-end run scored with sacreBLEU, and ``tk translate``."""
+
+import json
+import math
+
+import pytest
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+
+from tk.core.cli import cli
+from tk.core.errors import TkError
+from tk.core.nn.generation import generate
+from tk.core.recipe import load_config
+from tk.plugins.translation import TranslationTask
+from tk.plugins.translation.data import read_aligned, read_pairs
+from tk.plugins.translation.task import JOINT_FILE
+
+TINY = ["data.source=reverse", "data.num_train=200", "data.num_val=20", "data.max_len=16", "data.max_tokens=256",
+        "tokenizer.vocab_size=40", "model.dim=32", "model.depth=1", "model.num_heads=2", "model.max_len=64"]
+
+
+def make_task(overrides=(), run_dir=None, resume=False) -> TranslationTask:
+    cfg, task_cls = load_config("translation_reverse", list(TINY) + list(overrides))
+    task = task_cls(cfg, run_dir)
+    task.setup(resume=resume)
+    return task
+
+
+def test_collate_shifts_target_bos_and_eos():
+    task = make_task()
+    ds = task.build_dataset("train")
+    batch = task.collate([ds[0], ds[1], ds[2]])
+    bos, eos, pad = task.tgt_vocab.bos, task.tgt_vocab.eos, task.pad_id
+    assert (bos, eos, pad) == (1, 2, 0)
+    for row in range(3):
+        tgt = ds[row]["tgt"]
+        n = len(tgt) - 1
+        assert batch["tgt_in"][row, 0] == bos and batch["tgt_out"][row, n - 1] == eos
+        assert torch.equal(batch["tgt_in"][row, :n], tgt[:-1]) and torch.equal(batch["tgt_out"][row, :n], tgt[1:])
+        assert batch["tgt_out"][row, n:].eq(pad).all()
+        assert batch["src"][row, len(ds[row]["src"]) - 1] == eos
+
+
+def test_pad_tokens_change_no_non_pad_output():
+    torch.manual_seed(0)
+    task = make_task()
+    model = task.build_model().eval()
+    ds = task.build_dataset("train")
+    batch = task.collate([ds[i] for i in range(6)])
+    src_pad, tgt_pad = batch["src"].eq(task.pad_id), batch["tgt_out"].eq(task.pad_id)
+    assert src_pad.any() and tgt_pad.any()
+    ref = model(batch["src"], batch["tgt_in"], src_key_padding_mask=src_pad)
+    src2 = batch["src"].masked_fill(src_pad, 7)  # other tokens at the padded positions, same mask
+    tgt2 = batch["tgt_in"].masked_fill(tgt_pad, 9)
+    out = model(src2, tgt2, src_key_padding_mask=src_pad)
+    keep = ~tgt_pad
+    assert torch.allclose(ref[keep], out[keep], atol=1e-5)
+    # and the task's loss (which derives the mask from PAD) equals a per-sentence computation
+    total = task.loss(model, batch).loss
+    single = sum(task.loss(model, task.collate([ds[i]])).loss for i in range(6))
+    assert torch.allclose(total, single, rtol=1e-4)
+
+
+def test_label_smoothed_loss_matches_hand_computation():
+    task = make_task()
+    torch.manual_seed(0)
+    V, eps, pad = task.tgt_vocab.size, 0.1, task.pad_id
+    logits = torch.randn(2, 3, V)
+    batch = {"src": torch.ones(2, 2, dtype=torch.long), "tgt_in": torch.ones(2, 3, dtype=torch.long),
+             "tgt_out": torch.tensor([[5, 6, 2], [7, 2, pad]])}
+
+    class Fixed(torch.nn.Module):
+        def forward(self, src, tgt):
+            return logits
+
+    model = Fixed().train()
+    out = task.loss(model, batch)
+    logp = F.log_softmax(logits, -1)
+    hand = 0.0
+    for b, t in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]:
+        y = batch["tgt_out"][b, t]
+        hand += (1 - eps) * -logp[b, t, y] + eps / V * -logp[b, t].sum()
+    assert int(out.num_items) == 5
+    assert math.isclose(float(out.loss), float(hand), rel_tol=1e-5)
+    model.eval()  # evaluation: plain cross-entropy (perplexity = exp(loss / tokens))
+    plain = sum(-logp[b, t, batch["tgt_out"][b, t]] for b, t in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)])
+    assert math.isclose(float(task.loss(model, batch).loss), float(plain), rel_tol=1e-5)
+
+
+def test_beam_size_one_equals_greedy():
+    torch.manual_seed(0)
+    task = make_task()
+    model = task.build_model().eval()
+    batch = task.collate([task.build_dataset("val")[i] for i in range(8)])
+    greedy_cfg = task.generation_config(batch["src"].shape[1], beam_size=1)
+    beam_cfg = task.generation_config(batch["src"].shape[1], beam_size=4)
+    beam_cfg.beam_size, beam_cfg.length_penalty = 1, 0.0
+    g, b = generate(model, batch["src"], greedy_cfg), generate(model, batch["src"], beam_cfg)
+    assert greedy_cfg.strategy == "greedy" and beam_cfg.strategy == "beam"
+    assert torch.equal(g.tokens, b.tokens)
+
+
+def test_misaligned_files_name_both_files_and_counts(tmp_path):
+    (tmp_path / "train.en").write_text("a\nb\nc\n")
+    (tmp_path / "train.de").write_text("x\ny\n")
+    with pytest.raises(TkError, match=r"train\.en has 3 lines but .*train\.de has 2"):
+        read_aligned(str(tmp_path / "train"), "en", "de")
+    with pytest.raises(TkError, match="not found"):
+        read_aligned(str(tmp_path / "nope"), "en", "de")
+
+
+def test_empty_and_too_long_pairs_are_dropped_and_counted(tmp_path):
+    (tmp_path / "train.en").write_text("a b\n\nc d\n" + " ".join(["w"] * 40) + "\n")
+    (tmp_path / "train.de").write_text("x y\nz\n  \ny\n")
+    task = make_task(["data.source=files", f"data.train_prefix={tmp_path}/train", f"data.val_prefix={tmp_path}/train",
+                      "tokenizer.vocab_size=20", "tokenizer.min_frequency=1"])
+    ds = task.build_dataset("train")
+    assert len(ds) == 1 and ds.dropped == {"empty": 2, "too_long": 1} and ds.refs == ["x y"]
+
+
+def test_tsv_and_jsonl_sources(tmp_path):
+    (tmp_path / "d.tsv").write_text("hello\thallo\nworld\twelt\n")
+    (tmp_path / "d.jsonl").write_text('{"en": "hello", "de": "hallo"}\n{"translation": {"en": "w", "de": "x"}}\n')
+    cfg, _ = load_config("translation_reverse", TINY + ["data.source=tsv", f"data.train_prefix={tmp_path}/d.tsv"])
+    assert read_pairs(cfg.sections["data"], "train") == [("hello", "hallo"), ("world", "welt")]
+    cfg, _ = load_config("translation_reverse", TINY + ["data.source=jsonl", f"data.train_prefix={tmp_path}/d.jsonl"])
+    assert read_pairs(cfg.sections["data"], "train") == [("hello", "hallo"), ("w", "x")]
+
+
+def test_synthetic_pair_is_not_a_copy_or_reversal():
+    cfg, _ = load_config("translation_synthetic", ["data.num_train=200"])
+    pairs = read_pairs(cfg.sections["data"], "train")
+    srcs, tgts = [s for s, _ in pairs], [t for _, t in pairs]
+    assert sacrebleu.corpus_bleu(srcs, [tgts]).score < 5
+    assert sacrebleu.corpus_bleu([" ".join(s.split()[::-1]) for s in srcs], [tgts]).score < 5
+    assert read_pairs(cfg.sections["data"], "train") == pairs  # deterministic
+
+
+@pytest.mark.slow
+def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
+    run = tmp_path / "run"
+    args = ["run", "translation_synthetic", f"output_dir={run}", "data.num_train=3000", "data.num_val=100",
+            "data.max_tokens=1024", "model.dim=64", "train.max_steps=160", "train.eval_every=160",
+            "train.progress=false",
+            "schedule.warmup_steps=40", "optim.lr=3.0e-3", "train.keep_last=2", "train.save_every=80"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    bleu = [r["val/bleu"] for r in evals if "val/bleu" in r][-1]
+    task = make_task(["data.source=synthetic"], run_dir=run, resume=True)  # loads, never retrains
+    assert not task.tokenizer_trained
+    val = read_pairs(task.data, "val")
+    copy_bleu = sacrebleu.corpus_bleu([s for s, _ in val], [[t for _, t in val]]).score
+    assert bleu > copy_bleu + 30, (bleu, copy_bleu)
+    # the saved tokenizer gives the ids the training run used
+    cfg, _ = load_config(str(run / "config.yaml"))
+    fresh = TranslationTask(cfg, None)
+    fresh.setup(resume=False)  # retrained from the same data (no run dir): same ids as the saved file
+    reloaded = TranslationTask(cfg, run)
+    reloaded.setup(resume=True)
+    text = [s for s, _ in val[:20]]
+    assert reloaded.src_vocab.encode(text) == fresh.src_vocab.encode(text)
+    before = (run / "artifacts" / JOINT_FILE).read_bytes()
+    lines = "\n".join(s for s, _ in val[:5]) + "\n"
+    out = CliRunner().invoke(cli, ["translate", str(run), "-", "--beam", "3", "--average-last", "2"], input=lines)
+    assert out.exit_code == 0, out.output
+    hyps = out.stdout.strip("\n").split("\n")
+    assert len(hyps) == 5
+    assert sacrebleu.corpus_bleu(hyps, [[t for _, t in val[:5]]]).score > copy_bleu + 20, hyps
+    assert (run / "artifacts" / JOINT_FILE).read_bytes() == before
