@@ -14,6 +14,7 @@ RECIPES = sorted(builtin_recipes())
 # Per task: overrides that swap downloads for generated data and shrink the run.
 OFFLINE = {
     "image_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32"],
+    "language_model": ["data.source=synthetic", "data.num_sentences=500", "data.eval_blocks=4"],
 }
 SMALL = ["train.max_steps=2", "train.eval_every=2", "train.batch_size=8", "train.eval_batch_size=16",
          "train.num_workers=0", "train.progress=false"]

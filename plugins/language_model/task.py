@@ -213,16 +213,18 @@ class LanguageModelTask(Task):
         """The text ``model`` generates after ``prompt`` under ``cfg`` (default ``generate:``).
 
         Raises:
-            TkError: an empty prompt, or prompt + new tokens beyond ``model.max_len`` (learned positions).
+            TkError: an empty prompt, or prompt + new tokens beyond ``data.block_size`` (the KV cache
+                does not slide, and positions past the training context are untrained).
         """
         cfg = cfg or self.gen_cfg
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise TkError("--prompt: the prompt is empty; give at least one character")
-        m = self.model_cfg
-        if m.pos_encoding == "learned" and len(ids) + cfg.max_len > m.max_len:
-            raise TkError(f"prompt ({len(ids)} tokens) + generate.max_len ({cfg.max_len}) exceeds model.max_len "
-                          f"({m.max_len}) of the learned positions; shorten the prompt or ask fewer new tokens")
+        limit = self.data.block_size  # the longest context the model was trained on
+        if len(ids) + cfg.max_len > limit:
+            raise TkError(f"prompt ({len(ids)} tokens) + new tokens ({cfg.max_len}, --max-new-tokens or "
+                          f"generate.max_len) exceeds data.block_size ({limit}), the context the model was "
+                          f"trained on; shorten the prompt or ask for fewer new tokens")
         device = next(model.parameters()).device
         out = generate(model, torch.tensor([ids], device=device), cfg)
         return self.tokenizer.decode(out.tokens[0].tolist())
