@@ -140,3 +140,20 @@ def test_missing_corpus_path_is_an_error(tmp_path):
     result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=text", f"data.path={tmp_path}/nope*.txt",
                                       f"output_dir={tmp_path / 'run'}", *FAST])
     assert result.exit_code == 2 and "data.path: no text file" in result.output, result.output
+
+
+def test_resume_continues_exactly(tmp_path):
+    small = ["data.num_sentences=300", "data.eval_blocks=4", "model.dim=32", "model.depth=1", "train.batch_size=4",
+             "train.eval_every=6", *FAST]
+
+    def last_val(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [r["val/loss"] for r in rows if "val/loss" in r][-1]
+
+    runner = CliRunner()
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    assert runner.invoke(cli, ["run", "lm_synthetic", f"output_dir={straight}", "train.max_steps=6", *small]).exit_code == 0
+    assert runner.invoke(cli, ["run", "lm_synthetic", f"output_dir={halves}", "train.max_steps=3", *small]).exit_code == 0
+    result = runner.invoke(cli, ["run", "lm_synthetic", f"output_dir={halves}", "train.max_steps=6", "--resume", *small])
+    assert result.exit_code == 0, result.output
+    assert last_val(halves) == pytest.approx(last_val(straight), rel=1e-6)
