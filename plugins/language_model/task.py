@@ -114,7 +114,7 @@ class LanguageModelTask(Task):
     def check_config(cls, cfg: Any) -> list[str]:
         d: DataConfig = cfg.sections["data"]
         m: ModelConfig = cfg.sections["model"]
-        problems = m.check("model")
+        problems = []  # the model: and generate: sections run their own check()
         if d.source == "text" and not d.path:
             problems.append("data.path: source=text needs a text file, folder or glob (or set data.source=synthetic)")
         if d.block_size < 1:
@@ -129,7 +129,7 @@ class LanguageModelTask(Task):
             problems.append(f"data.num_sentences ({d.num_sentences}) must be >= 1")
         if d.bpe_vocab_size < 257:
             problems.append(f"data.bpe_vocab_size ({d.bpe_vocab_size}) must be >= 257 (256 byte symbols + merges)")
-        return problems + (cfg.sections.get("generate") or GenerationConfig()).check("generate")
+        return problems
 
     # -- set-up: tokenise once, reload afterwards ------------------------------------------
     def setup(self, resume: bool = False) -> None:
