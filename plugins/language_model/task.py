@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -161,7 +162,7 @@ class LanguageModelTask(Task):
             self.tokenizer = CharTokenizer.train(train_text)
         dtype = token_dtype(self.tokenizer.vocab_size)
         tokens = np.asarray(self.tokenizer.encode(text), dtype=dtype)
-        self.meta = {"dtype": dtype.name, "num_tokens": int(len(tokens)), "num_chars": len(text),
+        self.meta = {"dtype": dtype.name, "num_tokens": len(tokens), "num_chars": len(text),
                      "vocab_size": self.tokenizer.vocab_size, "kind": self.tokenizer.kind}
         if self.run_dir is not None:  # tk summary has no run dir: keep everything in memory
             self.files.write_text(TOKENIZER_FILE, self.tokenizer.to_json())

@@ -7,7 +7,6 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-import yaml
 from click.testing import CliRunner
 
 from tk.core.cli import cli
@@ -15,7 +14,7 @@ from tk.core.recipe import load_config
 from tk.core.step import StepOutput
 from tk.plugins.language_model.cli import generate
 from tk.plugins.language_model.corpus import synthetic_text
-from tk.plugins.language_model.task import LMMetrics, TOKENS_FILE, LanguageModelTask
+from tk.plugins.language_model.task import TOKENS_FILE, LanguageModelTask, LMMetrics
 from tk.plugins.language_model.tokenizer import UNK, CharTokenizer, load_tokenizer_json
 
 FAST = ["train.num_workers=0", "train.progress=false", "train.log_every=1000"]
