@@ -19,6 +19,7 @@ OFFLINE = {
     "translation": ["data.source=synthetic", "data.max_len=64", "data.max_tokens=512", "data.num_train=64",
                     "data.num_val=16", "tokenizer.vocab_size=60", "model.dim=32", "model.depth=1",
                     "model.hidden_dim=64", "decode.beam_size=1", "decode.max_len_b=4"],
+    "language_model": ["data.source=synthetic", "data.num_sentences=500", "data.eval_blocks=4"],
 }
 SMALL = ["train.max_steps=2", "train.eval_every=2", "train.batch_size=8", "train.eval_batch_size=16",
          "train.num_workers=0", "train.progress=false"]

@@ -1,0 +1,235 @@
+"""The ``language_model`` task: a decoder-only Transformer trained on random blocks of a token stream."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from tk.core.data.loader import LoaderSpec, build_loader
+from tk.core.data.samplers import RandomBlockSampler
+from tk.core.errors import TkError
+from tk.core.losses import cross_entropy_sum
+from tk.core.metrics import Metric
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.decoding import GenerationConfig
+from tk.core.nn.generation import generate
+from tk.core.nn.transformer import DecoderOnlyLM
+from tk.core.step import EvalContext, StepOutput
+from tk.core.task import Task
+from tk.plugins.language_model.corpus import read_corpus, synthetic_text
+from tk.plugins.language_model.data import BlockDataset, collate_blocks, split_tokens, token_dtype
+from tk.plugins.language_model.tokenizer import (
+    BPETokenizer,
+    CharTokenizer,
+    load_tokenizer_json,
+    read_tokenizer_file,
+)
+
+TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (char vocabulary or a tokenizers JSON)
+TOKENS_FILE = "tokens.bin"  # task file: the whole corpus as one token array (uint16 / uint32)
+META_FILE = "tokens.json"  # task file: dtype, token and character counts of TOKENS_FILE
+
+
+@dataclass
+class DataConfig:
+    """The recipe's ``data:`` section."""
+
+    source: Literal["synthetic", "text"] = "synthetic"  # synthetic: built-in grammar corpus; text: data.path
+    path: str | None = None  # source=text: a UTF-8 file, a folder of files or a glob (joined in sorted order)
+    num_sentences: int = 20000  # synthetic: sentences generated (about 25 characters each)
+    synthetic_seed: int = 0  # synthetic: seed of the corpus (independent of train.seed)
+    tokenizer: Literal["char", "bpe"] = "char"  # char: one id per character (unseen ones -> <unk>); bpe: byte-level BPE
+    bpe_vocab_size: int = 4096  # bpe: vocabulary size trained on the train split
+    tokenizer_file: str | None = None  # a tokenizers tokenizer.json to use instead of training one
+    block_size: int = 64  # context length T in tokens (a training block is T + 1 tokens)
+    val_fraction: float = 0.1  # the last fraction of the token stream is the validation split
+    eval_blocks: int = 200  # validation blocks per evaluation (sequential, non-overlapping)
+
+
+@dataclass
+class ModelConfig(TransformerConfig):
+    """The ``model:`` section: TransformerConfig with GPT defaults."""
+
+    dim: int = 128  # model width D
+    dropout: float = 0.0  # residual/embedding dropout
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # position information
+    max_len: int = 1024  # positions of the learned table: block_size for training, prompt + new tokens in generation
+
+
+class LMMetrics(Metric):
+    """Bits per token, perplexity (= exp(nats per token)) and, for char level, bits per char."""
+
+    def __init__(self, per_char: bool) -> None:
+        super().__init__()
+        self.per_char = per_char
+        self.add_state("nats", torch.zeros((), dtype=torch.float64))
+        self.add_state("count", torch.zeros((), dtype=torch.float64))
+
+    def update(self, out: StepOutput, batch: Mapping[str, Any]) -> None:
+        self.nats += out.loss.detach().to(self.nats.device, torch.float64)
+        self.count += torch.as_tensor(out.num_items).to(self.count.device, torch.float64)
+
+    def keys(self) -> list[str]:
+        return ["bits_per_token", "perplexity"] + (["bits_per_char"] if self.per_char else [])
+
+    def compute(self) -> dict[str, float]:
+        nats = float(self.nats) / max(float(self.count), 1.0)
+        out = {"bits_per_token": nats / math.log(2), "perplexity": math.exp(nats)}
+        if self.per_char:  # one token is one character
+            out["bits_per_char"] = out["bits_per_token"]
+        return out
+
+
+def gpt2_init(model: DecoderOnlyLM, depth: int) -> None:
+    """GPT-2's extra step over DecoderOnlyLM's N(0, 0.02): residual output projections get
+    std 0.02 / sqrt(2 * layers), so the residual stream's variance does not grow with depth."""
+    for name, p in model.named_parameters():
+        if name.endswith(("self_attn.proj.weight", "mlp.fc2.weight")):
+            nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+
+
+class LanguageModelTask(Task):
+    """Decoder-only language model (GPT) on a text corpus or a built-in synthetic grammar."""
+
+    name: ClassVar[str] = "language_model"
+    DataConfig: ClassVar[type] = DataConfig
+    ModelConfig: ClassVar[type] = ModelConfig
+    extra_sections: ClassVar[Mapping[str, type]] = {"generate": GenerationConfig}
+
+    def __init__(self, cfg: Any, run_dir: Any = None) -> None:
+        super().__init__(cfg, run_dir)
+        self.gen_cfg: GenerationConfig = self.sections.get("generate") or GenerationConfig()
+        self.tokenizer: CharTokenizer | BPETokenizer | None = None
+        self.splits: dict[str, np.ndarray] = {}
+        self.meta: dict[str, Any] = {}
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> list[str]:
+        d: DataConfig = cfg.sections["data"]
+        m: ModelConfig = cfg.sections["model"]
+        problems = []  # the model: and generate: sections run their own check()
+        if d.source == "text" and not d.path:
+            problems.append("data.path: source=text needs a text file, folder or glob (or set data.source=synthetic)")
+        if d.block_size < 1:
+            problems.append(f"data.block_size ({d.block_size}) must be >= 1")
+        if m.pos_encoding == "learned" and d.block_size > m.max_len:
+            problems.append(f"data.block_size ({d.block_size}) exceeds model.max_len ({m.max_len}); raise model.max_len")
+        if not 0.0 < d.val_fraction < 1.0:
+            problems.append(f"data.val_fraction ({d.val_fraction}) must be in (0, 1)")
+        if d.eval_blocks < 1:
+            problems.append(f"data.eval_blocks ({d.eval_blocks}) must be >= 1")
+        if d.num_sentences < 1:
+            problems.append(f"data.num_sentences ({d.num_sentences}) must be >= 1")
+        if d.bpe_vocab_size < 257:
+            problems.append(f"data.bpe_vocab_size ({d.bpe_vocab_size}) must be >= 257 (256 byte symbols + merges)")
+        return problems
+
+    # -- set-up: tokenise once, reload afterwards ------------------------------------------
+    def setup(self, resume: bool = False) -> None:
+        """Tokenise the corpus once into the task files ``tokens.bin`` (+ ``tokens.json``) and
+        ``tokenizer.json``; a resumed, evaluated or generating run reads them (never retrains)."""
+        if self.run_dir is not None and self.files.exists(META_FILE):
+            self.tokenizer = load_tokenizer_json(self.files.read_text(TOKENIZER_FILE))
+            self.meta = json.loads(self.files.read_text(META_FILE))
+            tokens = np.memmap(self.files.path(TOKENS_FILE), dtype=self.meta["dtype"], mode="r")
+        else:
+            if resume:
+                raise TkError(f"the run has no task file {META_FILE} in {self.files.path(META_FILE).parent}; "
+                              f"it was not written by this task (start a fresh run)")
+            tokens = self._tokenise()
+        self.splits = split_tokens(tokens, self.data.val_fraction, self.data.block_size)
+
+    def _tokenise(self) -> np.ndarray:
+        d = self.data
+        text = synthetic_text(d.num_sentences, d.synthetic_seed) if d.source == "synthetic" else read_corpus(d.path)
+        if not text:
+            raise TkError(f"data: the corpus ({d.path or 'synthetic'}) is empty (0 tokens); the run needs at least "
+                          f"data.block_size + 1 = {d.block_size + 1} tokens in each split")
+        train_text = text[: len(text) - int(len(text) * d.val_fraction)]  # the tokenizer never sees val
+        if d.tokenizer_file:
+            self.tokenizer = read_tokenizer_file(d.tokenizer_file)
+        elif d.tokenizer == "bpe":
+            self.tokenizer = BPETokenizer.train(train_text, d.bpe_vocab_size)
+        else:
+            self.tokenizer = CharTokenizer.train(train_text)
+        dtype = token_dtype(self.tokenizer.vocab_size)
+        tokens = np.asarray(self.tokenizer.encode(text), dtype=dtype)
+        self.meta = {"dtype": dtype.name, "num_tokens": len(tokens), "num_chars": len(text),
+                     "vocab_size": self.tokenizer.vocab_size, "kind": self.tokenizer.kind}
+        if self.run_dir is not None:  # tk summary has no run dir: keep everything in memory
+            self.files.write_text(TOKENIZER_FILE, self.tokenizer.to_json())
+            self.files.write_bytes(TOKENS_FILE, tokens.tobytes())
+            self.files.write_text(META_FILE, json.dumps(self.meta, indent=1))
+        return tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    # -- data ------------------------------------------------------------------------
+    def build_dataset(self, split: str) -> Dataset:
+        """Train: every block start (``RandomBlockSampler`` draws them); val/test: the first
+        ``data.eval_blocks`` sequential blocks of the validation tokens."""
+        if split == "train":
+            return BlockDataset(self.splits["train"], self.data.block_size)
+        return BlockDataset(self.splits["val"], self.data.block_size, self.data.block_size, self.data.eval_blocks)
+
+    def collate(self, samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        return collate_blocks(samples)
+
+    def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
+        """Training: random blocks, batch k a pure function of (seed, rank, k) (exact resume)."""
+        ds = self.build_dataset(split)
+        if split != "train":
+            return build_loader(ds, spec, self.collate)
+        sampler = RandomBlockSampler.from_spec(spec, len(self.splits["train"]), self.data.block_size + 1)
+        return build_loader(ds, spec, self.collate, batch_sampler=sampler)
+
+    # -- model and loss ----------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        model = DecoderOnlyLM(self.model_cfg, self.vocab_size)
+        gpt2_init(model, self.model_cfg.depth)
+        return model
+
+    def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        """Next-token cross-entropy in nats, summed over the batch's tokens."""
+        logits = model(batch["tokens"])  # (B, T, V)
+        loss, count = cross_entropy_sum(logits, batch["targets"])
+        return StepOutput(loss=loss, num_items=count)
+
+    def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
+        return {"lm": LMMetrics(per_char=self.meta.get("kind") == "char")}
+
+    # -- inference ---------------------------------------------------------------------
+    @torch.no_grad()
+    def continue_text(self, model: nn.Module, prompt: str, cfg: GenerationConfig | None = None) -> str:
+        """The text ``model`` generates after ``prompt`` under ``cfg`` (default ``generate:``).
+
+        Raises:
+            TkError: an empty prompt, or prompt + new tokens beyond ``data.block_size`` (the KV cache
+                does not slide, and positions past the training context are untrained).
+        """
+        cfg = cfg or self.gen_cfg
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise TkError("--prompt: the prompt is empty; give at least one character")
+        limit = self.data.block_size  # the longest context the model was trained on
+        if len(ids) + cfg.max_len > limit:
+            raise TkError(f"prompt ({len(ids)} tokens) + new tokens ({cfg.max_len}, --max-new-tokens or "
+                          f"generate.max_len) exceeds data.block_size ({limit}), the context the model was "
+                          f"trained on; shorten the prompt or ask for fewer new tokens")
+        device = next(model.parameters()).device
+        out = generate(model, torch.tensor([ids], device=device), cfg)
+        return self.tokenizer.decode(out.tokens[0].tolist())
+
+    def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
+        """``{"input": prompt, "generated": text}`` per prompt (``generate:`` settings)."""
+        return [{"input": p, "generated": self.continue_text(model, p)} for p in inputs]

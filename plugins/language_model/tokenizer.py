@@ -1,0 +1,91 @@
+"""Tokenisers: character level (with UNK) or a ``tokenizers`` byte-level BPE, saved as one JSON text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from tk.core.errors import TkError
+
+UNK = "<unk>"  # char level: id 0; any character not seen in the training split maps to it
+
+
+class CharTokenizer:
+    """One id per character of the training split; id 0 is UNK (unknown characters)."""
+
+    kind = "char"
+
+    def __init__(self, chars: list[str]) -> None:
+        self.chars = list(chars)
+        self.index = {c: i + 1 for i, c in enumerate(self.chars)}
+
+    @classmethod
+    def train(cls, text: str) -> CharTokenizer:
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars) + 1
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index.get(c, 0) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i - 1] if 0 < i <= len(self.chars) else UNK for i in ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "char", "unk": UNK, "chars": self.chars})
+
+
+class BPETokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer (byte-level BPE when trained here)."""
+
+    kind = "bpe"
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok = tok
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int) -> BPETokenizer:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+        lines = text.splitlines(keepends=True)
+        tok.train_from_iterator((lines[i:i + 1000] for i in range(0, len(lines), 1000)), trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+    def to_json(self) -> str:
+        return self.tok.to_str()
+
+
+def load_tokenizer_json(text: str) -> CharTokenizer | BPETokenizer:
+    """The tokenizer saved by ``to_json`` (either kind)."""
+    data = json.loads(text)
+    if data.get("kind") == "char":
+        return CharTokenizer(data["chars"])
+    return BPETokenizer(Tokenizer.from_str(text))
+
+
+def read_tokenizer_file(path: str) -> BPETokenizer:
+    """A given ``tokenizer.json`` (``data.tokenizer_file``)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise TkError(f"data.tokenizer_file: no file at {path!r}; give a tokenizers tokenizer.json or set it to null")
+    try:
+        return BPETokenizer(Tokenizer.from_file(str(p)))
+    except Exception as e:  # tokenizers raises a plain Exception on bad JSON
+        raise TkError(f"data.tokenizer_file: {path!r} is not a tokenizers tokenizer.json ({e})") from e
