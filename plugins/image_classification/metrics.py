@@ -29,7 +29,8 @@ class ConfusionMatrix(Metric):
         self.add_state("matrix", torch.zeros(C, C, dtype=torch.long))  # rows: true, cols: predicted
 
     def update(self, out: Any, batch: Mapping[str, Any]) -> None:
-        logits = out.outputs.detach()
+        logits = out.outputs["logits"] if isinstance(out.outputs, Mapping) else out.outputs
+        logits = logits.detach()
         target = batch["labels"].to(logits.device)
         if target.ndim == 2:  # soft targets: count the dominant class
             target = target.argmax(-1)
@@ -60,6 +61,32 @@ class ConfusionMatrix(Metric):
             for name, n, c, acc in self.per_class():
                 f.write(f"{name}\t{n}\t{c}\t{acc:.4f}\n")
         save_confusion_png(self.matrix.cpu(), self.class_names, str(out_dir / f"{ctx.key_prefix}_confusion.png"))
+
+
+class HeadAccuracy(Metric):
+    """Top-1 accuracy of one DeiT head: ``outputs[head]`` (B, C) logits vs ``batch["labels"]``;
+    result key ``top1_{head}`` (e.g. ``val/top1_cls``, ``val/top1_dist``)."""
+
+    def __init__(self, head: str) -> None:
+        super().__init__()
+        self.head = head
+        self.add_state("correct", torch.zeros((), dtype=torch.long))
+        self.add_state("total", torch.zeros((), dtype=torch.long))
+
+    def update(self, out: Any, batch: Mapping[str, Any]) -> None:
+        logits = out.outputs[self.head].detach()  # (B, C)
+        target = batch["labels"].to(logits.device)
+        if target.ndim == 2:
+            target = target.argmax(-1)
+        self.correct += (logits.argmax(-1) == target).sum().to(self.correct.device)
+        self.total += target.numel()
+
+    def keys(self) -> list[str]:
+        return [f"top1_{self.head}"]
+
+    def compute(self) -> dict[str, float]:
+        total = int(self.total.item())
+        return {f"top1_{self.head}": int(self.correct.item()) / total if total else float("nan")}
 
 
 def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: str) -> None:

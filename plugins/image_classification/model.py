@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from torch import nn
+from torch import Tensor, nn
 
 from tk.core.errors import TkError
 from tk.core.nn.config import ViTConfig
@@ -48,15 +48,37 @@ def build_classifier(cfg: ModelConfig, num_classes: int, img_size: int) -> nn.Mo
     return VisionTransformer(cfg, img_size=img_size, num_classes=num_classes)
 
 
-def _build_timm(name: str, num_classes: int, img_size: int) -> nn.Module:
+def _build_timm(name: str, num_classes: int, img_size: int, **extra: Any) -> nn.Module:
     import timm  # lazy: only recipes naming a timm model pay for importing it
 
     if not timm.is_model(name):
         close = timm.list_models(f"*{name}*")[:8]
         hint = f"; close matches: {', '.join(close)}" if close else "; see timm.list_models()"
         raise TkError(f"model.timm {name!r} is not a timm model{hint}")
-    kwargs = {"num_classes": num_classes, "pretrained": False}
+    kwargs = {"num_classes": num_classes, "pretrained": False, **extra}
     try:  # transformers need the input size for their position embeddings; CNNs reject it
-        return timm.create_model(name, img_size=img_size, **kwargs)
+        model = timm.create_model(name, img_size=img_size, **kwargs)
     except TypeError:
-        return timm.create_model(name, **kwargs)
+        model = timm.create_model(name, **kwargs)
+    if hasattr(model, "set_distilled_training"):  # timm DeiT: return both heads in training, like tk's ViT
+        model.set_distilled_training(True)
+    return model
+
+
+def is_distilled(model: nn.Module) -> bool:
+    """Whether ``model`` (or the module inside a DDP / compile wrapper) has a DeiT ``head_dist``."""
+    return isinstance(getattr(unwrap(model), "head_dist", None), nn.Module)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside ``torch.compile`` / DistributedDataParallel wrappers."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
+def both_heads(model: nn.Module, images: Tensor) -> tuple[Tensor, Tensor]:
+    """``(cls_logits, dist_logits)``, each (B, C), of a distilled tk or timm DeiT model in
+    any mode (in eval mode ``model(images)`` returns only their average)."""
+    inner = unwrap(model)
+    tokens = inner.forward_features(images)  # (B, 2 + N, D), normed
+    return inner.head(tokens[:, 0]), inner.head_dist(tokens[:, 1])

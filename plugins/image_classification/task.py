@@ -18,9 +18,10 @@ from tk.core.metrics import Accuracy, Metric
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_source_dataset, check_not_empty
-from tk.plugins.image_classification.metrics import ConfusionMatrix
+from tk.plugins.image_classification.distill import DistillConfig, check_distill, distillation_loss, load_teacher
+from tk.plugins.image_classification.metrics import ConfusionMatrix, HeadAccuracy
 from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
-from tk.plugins.image_classification.model import ModelConfig, build_classifier, check_model
+from tk.plugins.image_classification.model import ModelConfig, both_heads, build_classifier, check_model, is_distilled
 from tk.plugins.image_classification.predict import PredictConfig
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
@@ -60,7 +61,8 @@ class ImageClassificationTask(Task):
     name: ClassVar[str] = "image_classification"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
-    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "loss": LossConfig, "predict": PredictConfig}
+    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "loss": LossConfig, "predict": PredictConfig,
+                                                         "distill": DistillConfig}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
@@ -68,6 +70,9 @@ class ImageClassificationTask(Task):
         self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
         self._class_names: list[str] | None = None
         self._mixup: Any = None
+        self.distill_cfg: DistillConfig = self.sections.get("distill") or DistillConfig()
+        self._teacher_record: dict[str, str] | None = None  # {"teacher", "sha256"} of this run's teacher
+        self._saved_teacher: dict[str, str] | None = None  # the record in the checkpoint being resumed
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -77,6 +82,7 @@ class ImageClassificationTask(Task):
         if timm_name is not None and not timm.is_model(timm_name):  # tk validate catches it, not build_model
             problems.append(f"model.timm: {timm_name!r} is not a timm model{did_you_mean(timm_name, timm.list_models())}"
                             f" (see timm.list_models())")
+        problems += check_distill(cfg.sections.get("distill") or DistillConfig())
         problems += check_mixup(cfg.sections.get("mixup") or MixupConfig(), cfg.train.batch_size)
         policy_problem = check_auto_augment(data.auto_augment)
         if policy_problem:
@@ -121,11 +127,17 @@ class ImageClassificationTask(Task):
         return len(self.class_names)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"class_names": list(self.class_names)}
+        state: dict[str, Any] = {"class_names": list(self.class_names)}
+        if self._teacher_record is not None:
+            state["teacher"] = dict(self._teacher_record)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "class_names" in state:
             self._class_names = list(state["class_names"])
+        if "teacher" in state:
+            self._saved_teacher = dict(state["teacher"])
+            self._teacher_record = dict(state["teacher"])
 
     # -- data ------------------------------------------------------------------------
     def _transform(self, training: bool):
@@ -168,18 +180,66 @@ class ImageClassificationTask(Task):
     def build_model(self) -> nn.Module:
         return build_classifier(self.model_cfg, self.num_classes, self.data.img_size)
 
+    def build_teacher(self) -> nn.Module | None:
+        """The frozen teacher of ``distill.teacher`` (None without distillation).
+
+        Raises:
+            TkError: a teacher with other class names, or (resuming) another teacher than
+                the one the checkpoint recorded, naming both.
+        """
+        if self.distill_cfg.type == "none":
+            return None
+        teacher, record = load_teacher(self.distill_cfg, self.class_names)
+        saved = self._saved_teacher
+        if saved is not None and saved.get("sha256") != record["sha256"]:
+            raise TkError(f"distill.teacher: this run was trained with teacher {saved.get('teacher')} "
+                          f"(sha256 {saved.get('sha256', '?')[:12]}) but now gets {record['teacher']} "
+                          f"(sha256 {record['sha256'][:12]}); resume with the original teacher")
+        self._teacher_record = record
+        return teacher
+
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Cross-entropy summed over the batch, on Mixup/CutMix's soft targets when mixing;
-        label smoothing in training only (evaluation reports plain cross-entropy)."""
-        logits = model(batch["image"])  # (B, C)
+        label smoothing in training only (evaluation reports plain cross-entropy).
+
+        With ``distill.type`` soft/hard in training, DeiT's loss against the teacher's
+        logits on the same (augmented, mixed) images (:mod:`.distill`). A distilled model
+        (DeiT token) returns both heads in training; its eval output is their mean.
+        """
+        images = batch["image"]
+        out = model(images)  # (B, C), or the DeiT pair (cls, dist) in training
         labels = batch["labels"]  # (B,) class indices, or (B, C) mixed targets, smoothed already
         smoothing = self.loss_cfg.label_smoothing if model.training and not labels.is_floating_point() else 0.0
-        loss, count = cross_entropy_sum(logits, labels, label_smoothing=smoothing)
-        return StepOutput(loss=loss, num_items=count, outputs=logits.detach())
+        if model.training and self.distill_cfg.type != "none" and self.teacher is not None:
+            with torch.no_grad():
+                teacher_logits = self.teacher(images)  # under the run's autocast, like the student
+            loss, count, logs = distillation_loss(self.distill_cfg, out, labels, teacher_logits, smoothing)
+            logits = out[0] if isinstance(out, tuple) else out
+            return StepOutput(loss=loss, num_items=count, logs=logs, outputs=logits.detach())
+        if isinstance(out, tuple):  # DeiT training without a teacher: both heads learn the labels
+            loss, count = cross_entropy_sum(out[0], labels, label_smoothing=smoothing)
+            loss_dist, _ = cross_entropy_sum(out[1], labels, label_smoothing=smoothing)
+            return StepOutput(loss=(loss + loss_dist) / 2, num_items=count, outputs=out[0].detach())
+        loss, count = cross_entropy_sum(out, labels, label_smoothing=smoothing)
+        return StepOutput(loss=loss, num_items=count, outputs=out.detach())
+
+    def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
+        """Plain cross-entropy of the model's eval output; a distilled model's outputs also
+        carry each head (``val/top1_cls``, ``val/top1_dist``); ``logits`` is their mean."""
+        if not is_distilled(model):
+            return self.loss(model, batch)
+        cls_logits, dist_logits = both_heads(model, batch["image"])
+        logits = (cls_logits + dist_logits) / 2
+        loss, count = cross_entropy_sum(logits, batch["labels"])
+        return StepOutput(loss=loss, num_items=count,
+                          outputs={"logits": logits.detach(), "cls": cls_logits.detach(), "dist": dist_logits.detach()})
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
         topk = (1, 5) if self.num_classes >= 5 else (1,)
-        return {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names)}
+        metrics: dict[str, Metric] = {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names)}
+        if self.model_cfg.distilled or "distilled" in (self.model_cfg.timm or ""):
+            metrics.update(head_cls=HeadAccuracy("cls"), head_dist=HeadAccuracy("dist"))
+        return metrics
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()
