@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from tk.core.errors import TkError
 from tk.core.nn.config import ViTConfig
 from tk.core.nn.vit import VisionTransformer
+from tk.plugins.image_classification.pretrained import apply_freeze, check_pretrained
 
 
 @dataclass
@@ -24,10 +25,14 @@ class ModelConfig(ViTConfig):
     mlp_ratio: float = 2.0  # MLP hidden width / dim
     arch: Literal["vit"] = "vit"  # tk backbone to build (ignored when `timm` is set)
     timm: str | None = None  # build this timm model instead, e.g. "resnet18" (random init)
+    pretrained: bool = False  # model.timm: start from timm's pretrained weights (hub; offline: pretrained_file)
+    pretrained_file: str | None = None  # timm weights (.safetensors/.pth) to fine-tune from (model.timm or arch vit)
+    freeze: str = "none"  # none | backbone (train the head only) | all_but_last_N (N last blocks + head train)
 
     def check(self, prefix: str = "model") -> list[str]:
-        """The ViT's problems; none when a timm model is built instead."""
-        return [] if self.timm is not None else super().check(prefix)
+        """The ViT's problems (none when a timm model is built instead) and the fine-tuning keys'."""
+        problems = check_pretrained(self.pretrained, self.pretrained_file, self.timm, self.freeze)
+        return problems if self.timm is not None else super().check(prefix) + problems
 
 
 def check_model(cfg: ModelConfig, img_size: int) -> list[str]:
@@ -44,8 +49,11 @@ def build_classifier(cfg: ModelConfig, num_classes: int, img_size: int) -> nn.Mo
         TkError: an unknown timm model name (with close matches).
     """
     if cfg.timm is not None:
-        return _build_timm(cfg.timm, num_classes, img_size)
-    return VisionTransformer(cfg, img_size=img_size, num_classes=num_classes)
+        model = _build_timm(cfg.timm, num_classes, img_size)
+    else:
+        model = VisionTransformer(cfg, img_size=img_size, num_classes=num_classes)
+    apply_freeze(model, cfg.freeze)
+    return model
 
 
 def _build_timm(name: str, num_classes: int, img_size: int, **extra: Any) -> nn.Module:

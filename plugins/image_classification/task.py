@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from tk.core.config import did_you_mean
 from tk.core.errors import TkError
+from tk.core.engine.optim import OptimConfig, param_groups
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
 from tk.core.step import EvalContext, StepOutput
@@ -23,6 +24,7 @@ from tk.plugins.image_classification.metrics import ConfusionMatrix, HeadAccurac
 from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
 from tk.plugins.image_classification.model import ModelConfig, both_heads, build_classifier, check_model, is_distilled
 from tk.plugins.image_classification.predict import PredictConfig
+from tk.plugins.image_classification.pretrained import load_pretrained_timm, load_pretrained_vit, vit_layer_id_fn
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
     build_eval_transform,
@@ -179,6 +181,24 @@ class ImageClassificationTask(Task):
     # -- model and loss ----------------------------------------------------------------
     def build_model(self) -> nn.Module:
         return build_classifier(self.model_cfg, self.num_classes, self.data.img_size)
+
+    def init_pretrained(self, model: nn.Module) -> None:
+        """``model.pretrained`` / ``model.pretrained_file``: timm weights into a fresh run's model
+        (heads stay new); eval and predict of the finished run load its own weights instead."""
+        m = self.model_cfg
+        if not (m.pretrained or m.pretrained_file):
+            return
+        if m.timm is not None:
+            load_pretrained_timm(model, m.timm, self.num_classes, self.data.img_size, m.pretrained_file)
+        else:
+            load_pretrained_vit(model, m.pretrained_file)
+
+    def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
+        """Core's groups; ``optim.layer_decay`` on a timm ViT uses its block index as layer id."""
+        ids = vit_layer_id_fn(model) if optim_cfg.layer_decay is not None and not hasattr(model, "layer_id") else None
+        if ids is None:
+            return param_groups(model, optim_cfg)
+        return param_groups(model, optim_cfg, layer_id_fn=ids[0], num_layers=ids[1])
 
     def build_teacher(self) -> nn.Module | None:
         """The frozen teacher of ``distill.teacher`` (None without distillation).
