@@ -33,6 +33,7 @@ from tk.plugins.image_classification.transforms import (
 )
 
 CLASSES_FILE = "classes.json"  # task file: the class names in label order
+NORMALIZE_FILE = "normalize.json"  # task file: the input mean/std the model was trained with
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
@@ -55,6 +56,8 @@ class DataConfig:
     auto_augment: str | None = None  # timm policy, e.g. "rand-m9-mstd0.5" (RandAugment); null = off
     re_prob: float = 0.0  # random-erasing probability per training image
     on_bad_image: Literal["skip", "error"] = "error"  # imagefolder: unreadable file -> skip (warn) or fail
+    mean: list[float] | None = None  # input normalisation; null: timm's pretrained cfg when fine-tuning, else the source's
+    std: list[float] | None = None  # (same, for the standard deviation)
 
 
 class ImageClassificationTask(Task):
@@ -72,6 +75,7 @@ class ImageClassificationTask(Task):
         self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
         self._class_names: list[str] | None = None
         self._mixup: Any = None
+        self._normalize: tuple[list[float], list[float]] | None = None
         self.distill_cfg: DistillConfig = self.sections.get("distill") or DistillConfig()
         self._teacher_record: dict[str, str] | None = None  # {"teacher", "sha256"} of this run's teacher
         self._saved_teacher: dict[str, str] | None = None  # the record in the checkpoint being resumed
@@ -91,6 +95,9 @@ class ImageClassificationTask(Task):
             problems.append(f"data.auto_augment: {policy_problem}")
         if data.source == "synthetic" and min(data.num_train, data.num_val) < 1:
             problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
+        for key in ("mean", "std"):
+            if getattr(data, key) is not None and len(getattr(data, key)) != 3:
+                problems.append(f"data.{key} ({getattr(data, key)}) must have 3 values (R, G, B)")
         if data.img_size < 1:
             problems.append(f"data.img_size ({data.img_size}) must be >= 1")
         if not 0.0 < data.crop_pct <= 1.0:
@@ -111,6 +118,26 @@ class ImageClassificationTask(Task):
         names = self.class_names
         if not resume and self.run_dir is not None and not self.files.exists(CLASSES_FILE):  # rank 0 writes first
             self.files.write_text(CLASSES_FILE, json.dumps(names, indent=1))
+        if self.files.exists(NORMALIZE_FILE):
+            saved = json.loads(self.files.read_text(NORMALIZE_FILE))
+            self._normalize = (saved["mean"], saved["std"])
+        elif not resume and self.run_dir is not None:
+            mean, std = self.normalization
+            self.files.write_text(NORMALIZE_FILE, json.dumps({"mean": mean, "std": std}))
+
+    @property
+    def normalization(self) -> tuple[list[float], list[float]]:
+        """Input (mean, std): the recipe's ``data.mean``/``data.std``, else timm's pretrained
+        config when fine-tuning a timm model, else the data source's statistics."""
+        if self._normalize is None:
+            mean, std = (list(v) for v in MEAN_STD[self.data.source])
+            m = self.model_cfg
+            if m.timm is not None and (m.pretrained or m.pretrained_file):
+                pretrained_cfg = timm.get_pretrained_cfg(m.timm)
+                if pretrained_cfg is not None:
+                    mean, std = list(pretrained_cfg.mean), list(pretrained_cfg.std)
+            self._normalize = (list(self.data.mean or mean), list(self.data.std or std))
+        return self._normalize
 
     @property
     def class_names(self) -> list[str]:
@@ -144,7 +171,7 @@ class ImageClassificationTask(Task):
     # -- data ------------------------------------------------------------------------
     def _transform(self, training: bool):
         d = self.data
-        mean, std = MEAN_STD[d.source]
+        mean, std = self.normalization
         if not training:
             return build_eval_transform(d.img_size, mean, std, d.crop_pct)
         return build_train_transform(

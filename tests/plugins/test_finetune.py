@@ -99,3 +99,14 @@ def test_layer_decay_on_a_timm_vit():
     scale = {n: g["lr_scale"] for g in groups for n in g["param_names"]}
     assert scale["head.weight"] == 1.0 and scale["blocks.11.norm1.weight"] == 0.5
     assert scale["patch_embed.proj.weight"] == pytest.approx(0.5 ** 13)
+
+
+def test_pretrained_normalisation_saved_with_the_run(tmp_path, monkeypatch):
+    cfg, task_cls = load_config("quickstart", ["model.timm=vit_tiny_patch16_224", "model.pretrained=true"])
+    task = task_cls(cfg, tmp_path / "run")
+    task.setup()
+    assert task.normalization == ([0.5] * 3, [0.5] * 3)  # timm's augreg pretrained cfg, not CIFAR's
+    saved = json.loads(task.files.read_text("normalize.json"))
+    assert saved == {"mean": [0.5] * 3, "std": [0.5] * 3}
+    override = task_cls(load_config("quickstart", ["data.mean=[0.1,0.2,0.3]", "data.std=[1,1,1]"])[0])
+    assert override.normalization == ([0.1, 0.2, 0.3], [1.0, 1.0, 1.0])
