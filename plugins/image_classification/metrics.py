@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -58,8 +59,7 @@ class ConfusionMatrix(Metric):
         out_dir.mkdir(parents=True, exist_ok=True)
         with open(out_dir / f"{ctx.key_prefix}_per_class.tsv", "w", encoding="utf-8") as f:
             f.write("class\timages\tcorrect\taccuracy\n")
-            for name, n, c, acc in self.per_class():
-                f.write(f"{name}\t{n}\t{c}\t{acc:.4f}\n")
+            f.writelines(f"{name}\t{n}\t{c}\t{acc:.4f}\n" for name, n, c, acc in self.per_class())
         save_confusion_png(self.matrix.cpu(), self.class_names, str(out_dir / f"{ctx.key_prefix}_confusion.png"))
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import timm
 import torch
@@ -12,8 +13,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tk.core.config import did_you_mean
-from tk.core.errors import TkError
 from tk.core.engine.optim import OptimConfig, param_groups
+from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
 from tk.core.step import EvalContext, StepOutput

@@ -47,7 +47,7 @@ def test_hard_loss_equals_hand_computation_and_single_head():
     logits, teacher = torch.randn(2, 3, 4).unbind(0)
     labels = torch.tensor([2, 0, 1])
     loss, _, _ = distillation_loss(DistillConfig(type="hard", alpha=0.5, teacher="x"), logits, labels, teacher)
-    ce = lambda z, y: -math.log(F.softmax(z, -1)[y].item())  # noqa: E731
+    ce = lambda z, y: -math.log(F.softmax(z, -1)[y].item())
     hard = teacher.argmax(-1)
     expected = sum(0.5 * ce(logits[i], labels[i]) + 0.5 * ce(logits[i], hard[i]) for i in range(3))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
@@ -116,3 +116,27 @@ def test_teacher_gets_no_grad():
 
     teacher = prepare_teacher(torch.nn.Linear(3, 2), torch.device("cpu"))
     assert not teacher.training and all(not p.requires_grad for p in teacher.parameters())
+
+
+def test_timm_deit_distilled_works_like_the_tk_vit(tmp_path):
+    """model.timm: deit_*_distilled_* returns both heads in training (set_distilled_training)
+    and their mean in eval; a distillation step runs and logs both heads."""
+    from tk.core.recipe import load_config
+
+    cfg, task_cls = load_config("quickstart", ["model.timm=deit_tiny_distilled_patch16_224", "data.img_size=32",
+                                               "distill.type=hard", "distill.teacher=resnet18"])
+    task = task_cls(cfg)
+    task.setup()
+    model = task.build_model()
+    task.teacher = task.build_teacher().eval().requires_grad_(False)
+    batch = {"image": torch.randn(4, 3, 32, 32), "labels": torch.tensor([0, 1, 2, 3])}
+    out = task.loss(model.train(), batch)
+    out.loss.backward()
+    assert set(out.logs) == {"loss_base", "loss_distill"}
+    assert all(p.grad is None for p in task.teacher.parameters())
+    model.eval()
+    with torch.no_grad():
+        step = task.eval_step(model, batch, None)
+        torch.testing.assert_close(model(batch["image"]), step.outputs["logits"])
+        torch.testing.assert_close(step.outputs["logits"], (step.outputs["cls"] + step.outputs["dist"]) / 2)
+    assert {"head_cls", "head_dist"} <= set(task.build_metrics(None))
