@@ -19,7 +19,7 @@ from torch import nn
 from tk.core.errors import TkError
 from tk.core.nn.vit import VisionTransformer, load_timm_vit
 
-HEADS = ("head.", "head_dist.", "fc.", "classifier.", "head.fc.")  # classifier prefixes, re-initialised
+HEADS = ("head.", "head_dist.", "fc.", "classifier.")  # classifier prefixes (ViT, ResNet, others): re-initialised
 
 
 def check_pretrained(pretrained: bool, pretrained_file: str | None, timm_name: str | None, freeze: str) -> list[str]:
