@@ -21,6 +21,12 @@ OFFLINE = {
                     "model.hidden_dim=64", "decode.beam_size=1", "decode.max_len_b=4"],
     "language_model": ["data.source=synthetic", "data.num_sentences=500", "data.eval_blocks=4"],
 }
+# Per recipe: overrides for what needs more than data offline (a teacher run, hub weights).
+OFFLINE_RECIPE = {
+    "deit_tiny_cifar": ["distill.teacher=resnet18"], "deit_tiny_cifar_cpu": ["distill.teacher=resnet18"],
+    "vit_finetune_cifar": ["model.pretrained=false", "data.img_size=64"],
+    "vit_finetune_cifar_cpu": ["model.pretrained=false"],
+}
 SMALL = ["train.max_steps=2", "train.eval_every=2", "train.batch_size=8", "train.eval_batch_size=16",
          "train.num_workers=0", "train.progress=false"]
 
@@ -43,7 +49,7 @@ def test_recipe_opens_with_a_comment_and_validates(name):
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_runs_two_steps_offline(name, tmp_path):
     cfg, _ = load_config(name)
-    args = ["run", name, f"output_dir={tmp_path / name}", *OFFLINE.get(cfg.task, []), *SMALL]
+    args = ["run", name, f"output_dir={tmp_path / name}", *OFFLINE.get(cfg.task, []), *OFFLINE_RECIPE.get(name, []), *SMALL]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output + result.stderr
     assert (tmp_path / name / "metrics.jsonl").is_file()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -29,7 +30,8 @@ class ConfusionMatrix(Metric):
         self.add_state("matrix", torch.zeros(C, C, dtype=torch.long))  # rows: true, cols: predicted
 
     def update(self, out: Any, batch: Mapping[str, Any]) -> None:
-        logits = out.outputs.detach()
+        logits = out.outputs["logits"] if isinstance(out.outputs, Mapping) else out.outputs
+        logits = logits.detach()
         target = batch["labels"].to(logits.device)
         if target.ndim == 2:  # soft targets: count the dominant class
             target = target.argmax(-1)
@@ -57,9 +59,34 @@ class ConfusionMatrix(Metric):
         out_dir.mkdir(parents=True, exist_ok=True)
         with open(out_dir / f"{ctx.key_prefix}_per_class.tsv", "w", encoding="utf-8") as f:
             f.write("class\timages\tcorrect\taccuracy\n")
-            for name, n, c, acc in self.per_class():
-                f.write(f"{name}\t{n}\t{c}\t{acc:.4f}\n")
+            f.writelines(f"{name}\t{n}\t{c}\t{acc:.4f}\n" for name, n, c, acc in self.per_class())
         save_confusion_png(self.matrix.cpu(), self.class_names, str(out_dir / f"{ctx.key_prefix}_confusion.png"))
+
+
+class HeadAccuracy(Metric):
+    """Top-1 accuracy of one DeiT head: ``outputs[head]`` (B, C) logits vs ``batch["labels"]``;
+    result key ``top1_{head}`` (e.g. ``val/top1_cls``, ``val/top1_dist``)."""
+
+    def __init__(self, head: str) -> None:
+        super().__init__()
+        self.head = head
+        self.add_state("correct", torch.zeros((), dtype=torch.long))
+        self.add_state("total", torch.zeros((), dtype=torch.long))
+
+    def update(self, out: Any, batch: Mapping[str, Any]) -> None:
+        logits = out.outputs[self.head].detach()  # (B, C)
+        target = batch["labels"].to(logits.device)
+        if target.ndim == 2:
+            target = target.argmax(-1)
+        self.correct += (logits.argmax(-1) == target).sum().to(self.correct.device)
+        self.total += target.numel()
+
+    def keys(self) -> list[str]:
+        return [f"top1_{self.head}"]
+
+    def compute(self) -> dict[str, float]:
+        total = int(self.total.item())
+        return {f"top1_{self.head}": int(self.correct.item()) / total if total else float("nan")}
 
 
 def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: str) -> None:

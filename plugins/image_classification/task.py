@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import timm
 import torch
@@ -12,16 +13,19 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tk.core.config import did_you_mean
+from tk.core.engine.optim import OptimConfig, param_groups
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_source_dataset, check_not_empty
-from tk.plugins.image_classification.metrics import ConfusionMatrix
+from tk.plugins.image_classification.distill import DistillConfig, check_distill, distillation_loss, load_teacher
+from tk.plugins.image_classification.metrics import ConfusionMatrix, HeadAccuracy
 from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
-from tk.plugins.image_classification.model import ModelConfig, build_classifier, check_model
+from tk.plugins.image_classification.model import ModelConfig, both_heads, build_classifier, check_model, is_distilled
 from tk.plugins.image_classification.predict import PredictConfig
+from tk.plugins.image_classification.pretrained import load_pretrained_timm, load_pretrained_vit, vit_layer_id_fn
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
     build_eval_transform,
@@ -30,6 +34,7 @@ from tk.plugins.image_classification.transforms import (
 )
 
 CLASSES_FILE = "classes.json"  # task file: the class names in label order
+NORMALIZE_FILE = "normalize.json"  # task file: the input mean/std the model was trained with
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
@@ -52,6 +57,8 @@ class DataConfig:
     auto_augment: str | None = None  # timm policy, e.g. "rand-m9-mstd0.5" (RandAugment); null = off
     re_prob: float = 0.0  # random-erasing probability per training image
     on_bad_image: Literal["skip", "error"] = "error"  # imagefolder: unreadable file -> skip (warn) or fail
+    mean: list[float] | None = None  # input normalisation; null: timm's pretrained cfg when fine-tuning, else the source's
+    std: list[float] | None = None  # (same, for the standard deviation)
 
 
 class ImageClassificationTask(Task):
@@ -60,7 +67,8 @@ class ImageClassificationTask(Task):
     name: ClassVar[str] = "image_classification"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
-    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "loss": LossConfig, "predict": PredictConfig}
+    extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "loss": LossConfig, "predict": PredictConfig,
+                                                         "distill": DistillConfig}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
@@ -68,6 +76,10 @@ class ImageClassificationTask(Task):
         self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
         self._class_names: list[str] | None = None
         self._mixup: Any = None
+        self._normalize: tuple[list[float], list[float]] | None = None
+        self.distill_cfg: DistillConfig = self.sections.get("distill") or DistillConfig()
+        self._teacher_record: dict[str, str] | None = None  # {"teacher", "sha256"} of this run's teacher
+        self._saved_teacher: dict[str, str] | None = None  # the record in the checkpoint being resumed
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -77,12 +89,16 @@ class ImageClassificationTask(Task):
         if timm_name is not None and not timm.is_model(timm_name):  # tk validate catches it, not build_model
             problems.append(f"model.timm: {timm_name!r} is not a timm model{did_you_mean(timm_name, timm.list_models())}"
                             f" (see timm.list_models())")
+        problems += check_distill(cfg.sections.get("distill") or DistillConfig())
         problems += check_mixup(cfg.sections.get("mixup") or MixupConfig(), cfg.train.batch_size)
         policy_problem = check_auto_augment(data.auto_augment)
         if policy_problem:
             problems.append(f"data.auto_augment: {policy_problem}")
         if data.source == "synthetic" and min(data.num_train, data.num_val) < 1:
             problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
+        for key in ("mean", "std"):
+            if getattr(data, key) is not None and len(getattr(data, key)) != 3:
+                problems.append(f"data.{key} ({getattr(data, key)}) must have 3 values (R, G, B)")
         if data.img_size < 1:
             problems.append(f"data.img_size ({data.img_size}) must be >= 1")
         if not 0.0 < data.crop_pct <= 1.0:
@@ -103,6 +119,26 @@ class ImageClassificationTask(Task):
         names = self.class_names
         if not resume and self.run_dir is not None and not self.files.exists(CLASSES_FILE):  # rank 0 writes first
             self.files.write_text(CLASSES_FILE, json.dumps(names, indent=1))
+        if self.files.exists(NORMALIZE_FILE):
+            saved = json.loads(self.files.read_text(NORMALIZE_FILE))
+            self._normalize = (saved["mean"], saved["std"])
+        elif not resume and self.run_dir is not None:
+            mean, std = self.normalization
+            self.files.write_text(NORMALIZE_FILE, json.dumps({"mean": mean, "std": std}))
+
+    @property
+    def normalization(self) -> tuple[list[float], list[float]]:
+        """Input (mean, std): the recipe's ``data.mean``/``data.std``, else timm's pretrained
+        config when fine-tuning a timm model, else the data source's statistics."""
+        if self._normalize is None:
+            mean, std = (list(v) for v in MEAN_STD[self.data.source])
+            m = self.model_cfg
+            if m.timm is not None and (m.pretrained or m.pretrained_file):
+                pretrained_cfg = timm.get_pretrained_cfg(m.timm)
+                if pretrained_cfg is not None:
+                    mean, std = list(pretrained_cfg.mean), list(pretrained_cfg.std)
+            self._normalize = (list(self.data.mean or mean), list(self.data.std or std))
+        return self._normalize
 
     @property
     def class_names(self) -> list[str]:
@@ -121,16 +157,22 @@ class ImageClassificationTask(Task):
         return len(self.class_names)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"class_names": list(self.class_names)}
+        state: dict[str, Any] = {"class_names": list(self.class_names)}
+        if self._teacher_record is not None:
+            state["teacher"] = dict(self._teacher_record)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "class_names" in state:
             self._class_names = list(state["class_names"])
+        if "teacher" in state:
+            self._saved_teacher = dict(state["teacher"])
+            self._teacher_record = dict(state["teacher"])
 
     # -- data ------------------------------------------------------------------------
     def _transform(self, training: bool):
         d = self.data
-        mean, std = MEAN_STD[d.source]
+        mean, std = self.normalization
         if not training:
             return build_eval_transform(d.img_size, mean, std, d.crop_pct)
         return build_train_transform(
@@ -168,18 +210,84 @@ class ImageClassificationTask(Task):
     def build_model(self) -> nn.Module:
         return build_classifier(self.model_cfg, self.num_classes, self.data.img_size)
 
+    def init_pretrained(self, model: nn.Module) -> None:
+        """``model.pretrained`` / ``model.pretrained_file``: timm weights into a fresh run's model
+        (heads stay new); eval and predict of the finished run load its own weights instead."""
+        m = self.model_cfg
+        if not (m.pretrained or m.pretrained_file):
+            return
+        if m.timm is not None:
+            load_pretrained_timm(model, m.timm, self.num_classes, self.data.img_size, m.pretrained_file)
+        else:
+            load_pretrained_vit(model, m.pretrained_file)
+
+    def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
+        """Core's groups; ``optim.layer_decay`` on a timm ViT uses its block index as layer id."""
+        ids = vit_layer_id_fn(model) if optim_cfg.layer_decay is not None and not hasattr(model, "layer_id") else None
+        if ids is None:
+            return param_groups(model, optim_cfg)
+        return param_groups(model, optim_cfg, layer_id_fn=ids[0], num_layers=ids[1])
+
+    def build_teacher(self) -> nn.Module | None:
+        """The frozen teacher of ``distill.teacher`` (None without distillation).
+
+        Raises:
+            TkError: a teacher with other class names, or (resuming) another teacher than
+                the one the checkpoint recorded, naming both.
+        """
+        if self.distill_cfg.type == "none":
+            return None
+        teacher, record = load_teacher(self.distill_cfg, self.class_names)
+        saved = self._saved_teacher
+        if saved is not None and saved.get("sha256") != record["sha256"]:
+            raise TkError(f"distill.teacher: this run was trained with teacher {saved.get('teacher')} "
+                          f"(sha256 {saved.get('sha256', '?')[:12]}) but now gets {record['teacher']} "
+                          f"(sha256 {record['sha256'][:12]}); resume with the original teacher")
+        self._teacher_record = record
+        return teacher
+
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Cross-entropy summed over the batch, on Mixup/CutMix's soft targets when mixing;
-        label smoothing in training only (evaluation reports plain cross-entropy)."""
-        logits = model(batch["image"])  # (B, C)
+        label smoothing in training only (evaluation reports plain cross-entropy).
+
+        With ``distill.type`` soft/hard in training, DeiT's loss against the teacher's
+        logits on the same (augmented, mixed) images (:mod:`.distill`). A distilled model
+        (DeiT token) returns both heads in training; its eval output is their mean.
+        """
+        images = batch["image"]
+        out = model(images)  # (B, C), or the DeiT pair (cls, dist) in training
         labels = batch["labels"]  # (B,) class indices, or (B, C) mixed targets, smoothed already
         smoothing = self.loss_cfg.label_smoothing if model.training and not labels.is_floating_point() else 0.0
-        loss, count = cross_entropy_sum(logits, labels, label_smoothing=smoothing)
-        return StepOutput(loss=loss, num_items=count, outputs=logits.detach())
+        if model.training and self.distill_cfg.type != "none" and self.teacher is not None:
+            with torch.no_grad():
+                teacher_logits = self.teacher(images)  # under the run's autocast, like the student
+            loss, count, logs = distillation_loss(self.distill_cfg, out, labels, teacher_logits, smoothing)
+            logits = out[0] if isinstance(out, tuple) else out
+            return StepOutput(loss=loss, num_items=count, logs=logs, outputs=logits.detach())
+        if isinstance(out, tuple):  # DeiT training without a teacher: both heads learn the labels
+            loss, count = cross_entropy_sum(out[0], labels, label_smoothing=smoothing)
+            loss_dist, _ = cross_entropy_sum(out[1], labels, label_smoothing=smoothing)
+            return StepOutput(loss=(loss + loss_dist) / 2, num_items=count, outputs=out[0].detach())
+        loss, count = cross_entropy_sum(out, labels, label_smoothing=smoothing)
+        return StepOutput(loss=loss, num_items=count, outputs=out.detach())
+
+    def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
+        """Plain cross-entropy of the model's eval output; a distilled model's outputs also
+        carry each head (``val/top1_cls``, ``val/top1_dist``); ``logits`` is their mean."""
+        if not is_distilled(model):
+            return self.loss(model, batch)
+        cls_logits, dist_logits = both_heads(model, batch["image"])
+        logits = (cls_logits + dist_logits) / 2
+        loss, count = cross_entropy_sum(logits, batch["labels"])
+        return StepOutput(loss=loss, num_items=count,
+                          outputs={"logits": logits.detach(), "cls": cls_logits.detach(), "dist": dist_logits.detach()})
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
         topk = (1, 5) if self.num_classes >= 5 else (1,)
-        return {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names)}
+        metrics: dict[str, Metric] = {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names)}
+        if self.model_cfg.distilled or "distilled" in (self.model_cfg.timm or ""):
+            metrics.update(head_cls=HeadAccuracy("cls"), head_dist=HeadAccuracy("dist"))
+        return metrics
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,150 @@
+"""Fine-tuning from timm pretrained weights: loading (hub or file), freezing, layer ids.
+
+``model.timm`` models load through timm itself (``pretrained_cfg_overlay=dict(file=...)``
+for a local file), so timm drops the old classifier and resamples position embeddings
+for another ``img_size``; the tk ViT (``arch: vit``) loads a timm ViT state dict with
+:func:`tk.core.nn.vit.load_timm_vit`. Either way the head (and ``head_dist``) stay freshly
+initialised for the task's classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tk.core.errors import TkError
+from tk.core.nn.vit import VisionTransformer, load_timm_vit
+
+HEADS = ("head.", "head_dist.", "fc.", "classifier.")  # classifier prefixes (ViT, ResNet, others): re-initialised
+
+
+def check_pretrained(pretrained: bool, pretrained_file: str | None, timm_name: str | None, freeze: str) -> list[str]:
+    """Problems of the fine-tuning keys of ``model:``."""
+    problems = []
+    if pretrained and pretrained_file is None and timm_name is None:
+        problems.append("model.pretrained: the tk ViT (arch: vit) loads timm weights from model.pretrained_file; "
+                        "set model.pretrained_file, or model.timm to use timm's hub")
+    if freeze not in ("none", "backbone") and not (freeze.startswith("all_but_last_") and
+                                                   freeze[len("all_but_last_"):].isdigit()):
+        problems.append(f"model.freeze ({freeze!r}) must be none, backbone or all_but_last_N (N blocks train)")
+    return problems
+
+
+def read_weights(path: str) -> dict[str, torch.Tensor]:
+    """A state dict from a ``.safetensors`` or ``.pth``/``.bin`` file (``state_dict``/``model`` wrappers
+    unwrapped).
+
+    Raises:
+        TkError: a missing or unreadable file.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise TkError(f"model.pretrained_file: {path} does not exist; give a .safetensors or .pth file of timm weights")
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file  # lazy: only .safetensors files need it
+
+            return load_file(str(file))
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch / safetensors raise several kinds for a corrupt file
+        raise TkError(f"model.pretrained_file: cannot read {path}: {e}") from e
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    return state
+
+
+def _is_head(name: str) -> bool:
+    return name.startswith(HEADS)
+
+
+def load_pretrained_vit(model: VisionTransformer, path: str) -> None:
+    """timm ViT weights from ``path`` into the tk ViT; heads keep their fresh initialisation,
+    position embeddings are resampled to the model's grid.
+
+    Raises:
+        TkError: the file is missing or does not fit, naming the file and the first bad tensor.
+    """
+    state = {k: v for k, v in read_weights(path).items() if not _is_head(k)}
+    own = model.state_dict()
+    state.update({k: v for k, v in own.items() if _is_head(k)})
+    try:
+        load_timm_vit(model, state)
+    except ValueError as e:
+        raise TkError(f"model.pretrained_file: {path} does not fit the model: {e}") from e
+
+
+def load_pretrained_timm(model: nn.Module, name: str, num_classes: int, img_size: int, path: str | None) -> None:
+    """Weights of timm's ``name`` (hub, or ``path``) into ``model`` (built by timm with the same
+    name, ``num_classes`` and ``img_size``): timm's own loader resets the classifier and
+    resamples position embeddings.
+
+    Raises:
+        TkError: the hub cannot be reached (use ``model.pretrained_file``), or the file is
+            missing or does not fit (naming the file and the first tensor it lacks or mismatches).
+    """
+    import timm  # lazy: only timm models pay for it
+
+    kwargs: dict[str, Any] = {"pretrained": True, "num_classes": num_classes}
+    if path is not None:
+        file_state = read_weights(path)  # fails early, naming the file
+        kwargs["pretrained_cfg_overlay"] = {"file": str(Path(path).expanduser())}
+    try:
+        try:
+            source = timm.create_model(name, img_size=img_size, **kwargs)
+        except TypeError:  # CNNs take no img_size
+            source = timm.create_model(name, **kwargs)
+    except RuntimeError as e:  # load_state_dict: size mismatch / missing keys, each named
+        raise TkError(f"model.pretrained_file: {path} does not fit timm {name!r}: {str(e).splitlines()[1:2] or e}") from e
+    except Exception as e:  # hub offline or unknown weights: many exception kinds
+        if path is not None:
+            raise TkError(f"model.pretrained_file: cannot load {path} into timm {name!r}: {e}") from e
+        raise TkError(f"model.pretrained: cannot fetch timm's pretrained weights for {name!r} ({type(e).__name__}: "
+                      f"{e}); offline, download them elsewhere and set model.pretrained_file: PATH") from e
+    if path is not None:  # timm loads non-strictly when it drops the classifier: check the backbone
+        lacking = [k for k in source.state_dict() if not _is_head(k) and k not in file_state]
+        if lacking:
+            raise TkError(f"model.pretrained_file: {path} has no tensor {lacking[0]!r} that timm {name!r} needs "
+                          f"({len(lacking)} missing); give weights of the same architecture")
+    model.load_state_dict(source.state_dict())
+
+
+def apply_freeze(model: nn.Module, freeze: str) -> None:
+    """``backbone``: only the classifier head(s) train; ``all_but_last_N``: the last N blocks,
+    the final norm and the head(s) train (needs a ViT-like ``blocks``); ``none``: all train."""
+    if freeze == "none":
+        return
+    train_blocks = 0 if freeze == "backbone" else int(freeze[len("all_but_last_"):])
+    blocks = getattr(model, "blocks", None)
+    if freeze != "backbone" and blocks is None:
+        raise TkError(f"model.freeze {freeze!r} needs a model with transformer blocks; use backbone or none")
+    depth = len(blocks) if blocks is not None else 0
+    for name, p in model.named_parameters():
+        if _is_head(name):
+            continue
+        keep = freeze != "backbone" and (
+            (name.startswith("blocks.") and int(name.split(".")[1]) >= depth - train_blocks)
+            or name.startswith(("norm.", "fc_norm.")))
+        p.requires_grad_(keep)
+
+
+def vit_layer_id_fn(model: nn.Module) -> tuple[Callable[[str], int], int] | None:
+    """Layer ids for ``optim.layer_decay`` of a timm ViT (tk's ViT has its own): same names,
+    same rule as :meth:`VisionTransformer.layer_id`; None for a model without ``blocks``."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        return None
+    depth = len(blocks)
+
+    def layer_id(name: str) -> int:
+        if name.startswith(("patch_embed.", "cls_token", "dist_token", "pos_embed", "reg_token")):
+            return 0
+        if name.startswith("blocks."):
+            return int(name.split(".")[1]) + 1
+        return depth + 1
+
+    return layer_id, depth + 1
