@@ -365,6 +365,9 @@ CASES.update({
                                 setup=predict_inputs),
     "predict/no inputs": C(["predict", "{image_run}"], 2, "no inputs"),
     "predict/task without predict": C(["predict", "{run}", "x"], 2, "does not support prediction"),
+    "translate/another task's run": C(["translate", "{image_run}", "-"], 2, "tk translate needs a translation run"),
+    "generate/another task's run": C(["generate", "{image_run}", "--prompt", "x"], 2,
+                                     "tk generate needs a language_model run"),
 })
 
 

@@ -25,6 +25,8 @@ def translate(run_dir: str, input_file, beam: int | None, checkpoint: str, avera
     if beam is not None and beam < 1:
         raise click.UsageError(f"--beam must be >= 1, got {beam}")
     task, model = load_run(run_dir, checkpoint)
+    if task.name != "translation":
+        raise TkError(f"{run_dir} is a {task.name!r} run; tk translate needs a translation run")
     if average_last is not None:
         found = step_checkpoints(run_dir)
         if average_last < 1 or average_last > len(found):
