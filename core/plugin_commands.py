@@ -51,5 +51,7 @@ def describe_command(entry: PluginEntry, builtin) -> str:
         return f"ERROR: clashes with the built-in `tk {entry.name}` ({entry.provider}); rename it there"
     if entry.conflicts:
         return f"ERROR: claimed by {entry.claimants}"
-    about = entry.summary or f"(run tk {entry.name} --help)"
+    # tk's own summary describes the toolkit, not the command: point at the command's help instead
+    own = entry.distribution == "tk"
+    about = f"(run tk {entry.name} --help)" if own or not entry.summary else entry.summary
     return f"[{entry.provider}] {about}"
