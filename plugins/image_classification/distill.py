@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import timm
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -50,6 +51,13 @@ def check_distill(cfg: DistillConfig) -> list[str]:
         problems.append(f"distill.alpha ({cfg.alpha}) must be in [0, 1]")
     if not cfg.tau > 0:
         problems.append(f"distill.tau ({cfg.tau}) must be > 0")
+    if cfg.type != "none" and cfg.teacher and not Path(cfg.teacher).expanduser().exists():
+        if not timm.is_model(cfg.teacher):
+            problems.append(f"distill.teacher ({cfg.teacher!r}) is neither an existing tk run dir / checkpoint file "
+                            f"nor a timm model name; train the teacher first (its output_dir) or name a timm model")
+    if cfg.type != "none" and cfg.teacher_file and not Path(cfg.teacher_file).expanduser().is_file():
+        problems.append(f"distill.teacher_file ({cfg.teacher_file}) does not exist; give the teacher's "
+                        f".safetensors / .pth weights")
     return problems
 
 
@@ -94,8 +102,6 @@ def load_teacher(cfg: DistillConfig, class_names: list[str]) -> tuple[nn.Module,
 
 
 def _timm_teacher(cfg: DistillConfig, num_classes: int) -> tuple[nn.Module, dict[str, str]]:
-    import timm  # lazy: only a timm teacher pays for it
-
     if not timm.is_model(cfg.teacher):
         raise TkError(f"distill.teacher: {cfg.teacher!r} is neither an existing run dir nor a timm model name")
     if cfg.teacher_file is not None and not Path(cfg.teacher_file).expanduser().is_file():

@@ -34,7 +34,7 @@ from tk.plugins.image_classification.transforms import (
 )
 
 CLASSES_FILE = "classes.json"  # task file: the class names in label order
-NORMALIZE_FILE = "normalize.json"  # task file: the input mean/std the model was trained with
+NORMALIZE_FILE = "normalize.json"  # task file: the data config (mean, std, interpolation, crop_pct) the model was trained with
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
@@ -52,7 +52,8 @@ class DataConfig:
     crop: Literal["pad", "rrc", "none"] = "pad"  # train crop: pad+random crop, RandomResizedCrop, centre
     crop_padding: int = 4  # "pad" crop: pixels of zero padding on each side
     rrc_scale_min: float = 0.08  # "rrc" crop: smallest crop area, as a fraction of the image
-    crop_pct: float = 1.0  # eval: resize to img_size / crop_pct, then centre-crop img_size
+    crop_pct: float | None = None  # eval: resize to img_size / crop_pct, centre-crop img_size; null: timm's pretrained cfg when fine-tuning, else 1
+    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None  # resize filter; null: timm's pretrained cfg when fine-tuning, else bilinear
     hflip: float = 0.5  # probability of a horizontal flip (train)
     auto_augment: str | None = None  # timm policy, e.g. "rand-m9-mstd0.5" (RandAugment); null = off
     re_prob: float = 0.0  # random-erasing probability per training image
@@ -76,7 +77,7 @@ class ImageClassificationTask(Task):
         self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
         self._class_names: list[str] | None = None
         self._mixup: Any = None
-        self._normalize: tuple[list[float], list[float]] | None = None
+        self._data_config: dict[str, Any] | None = None
         self.distill_cfg: DistillConfig = self.sections.get("distill") or DistillConfig()
         self._teacher_record: dict[str, str] | None = None  # {"teacher", "sha256"} of this run's teacher
         self._saved_teacher: dict[str, str] | None = None  # the record in the checkpoint being resumed
@@ -101,7 +102,7 @@ class ImageClassificationTask(Task):
                 problems.append(f"data.{key} ({getattr(data, key)}) must have 3 values (R, G, B)")
         if data.img_size < 1:
             problems.append(f"data.img_size ({data.img_size}) must be >= 1")
-        if not 0.0 < data.crop_pct <= 1.0:
+        if data.crop_pct is not None and not 0.0 < data.crop_pct <= 1.0:
             problems.append(f"data.crop_pct ({data.crop_pct}) must be in (0, 1]")
         if not 0.0 < data.rrc_scale_min <= 1.0:
             problems.append(f"data.rrc_scale_min ({data.rrc_scale_min}) must be in (0, 1]")
@@ -121,24 +122,38 @@ class ImageClassificationTask(Task):
             self.files.write_text(CLASSES_FILE, json.dumps(names, indent=1))
         if self.files.exists(NORMALIZE_FILE):
             saved = json.loads(self.files.read_text(NORMALIZE_FILE))
-            self._normalize = (saved["mean"], saved["std"])
+            # runs from before interpolation/crop_pct were saved used bilinear and the recipe's crop_pct
+            self._data_config = {"interpolation": "bilinear", "crop_pct": self.data.crop_pct or 1.0, **saved}
         elif not resume and self.run_dir is not None:
-            mean, std = self.normalization
-            self.files.write_text(NORMALIZE_FILE, json.dumps({"mean": mean, "std": std}))
+            self.files.write_text(NORMALIZE_FILE, json.dumps(self.data_config))
 
     @property
-    def normalization(self) -> tuple[list[float], list[float]]:
-        """Input (mean, std): the recipe's ``data.mean``/``data.std``, else timm's pretrained
-        config when fine-tuning a timm model, else the data source's statistics."""
-        if self._normalize is None:
+    def data_config(self) -> dict[str, Any]:
+        """The input pipeline's ``mean``, ``std``, ``interpolation`` and ``crop_pct``: the recipe's
+        ``data.*`` keys where set, else timm's pretrained config when fine-tuning a timm model
+        (timm's own ``resolve_data_config`` rule), else the data source's statistics, bilinear, 1.0.
+        Saved with the run, so evaluation and prediction use what training used."""
+        if self._data_config is None:
             mean, std = (list(v) for v in MEAN_STD[self.data.source])
+            resolved: dict[str, Any] = {"mean": mean, "std": std, "interpolation": "bilinear", "crop_pct": 1.0}
             m = self.model_cfg
             if m.timm is not None and (m.pretrained or m.pretrained_file):
                 pretrained_cfg = timm.get_pretrained_cfg(m.timm)
                 if pretrained_cfg is not None:
-                    mean, std = list(pretrained_cfg.mean), list(pretrained_cfg.std)
-            self._normalize = (list(self.data.mean or mean), list(self.data.std or std))
-        return self._normalize
+                    resolved.update(mean=list(pretrained_cfg.mean), std=list(pretrained_cfg.std),
+                                    interpolation=pretrained_cfg.interpolation or "bilinear",
+                                    crop_pct=pretrained_cfg.crop_pct or 1.0)
+            for key in resolved:
+                if getattr(self.data, key) is not None:
+                    resolved[key] = getattr(self.data, key)
+            resolved["mean"], resolved["std"] = list(resolved["mean"]), list(resolved["std"])
+            self._data_config = resolved
+        return self._data_config
+
+    @property
+    def normalization(self) -> tuple[list[float], list[float]]:
+        """Input (mean, std) of :attr:`data_config`."""
+        return self.data_config["mean"], self.data_config["std"]
 
     @property
     def class_names(self) -> list[str]:
@@ -171,13 +186,12 @@ class ImageClassificationTask(Task):
 
     # -- data ------------------------------------------------------------------------
     def _transform(self, training: bool):
-        d = self.data
-        mean, std = self.normalization
+        d, dc = self.data, self.data_config
         if not training:
-            return build_eval_transform(d.img_size, mean, std, d.crop_pct)
+            return build_eval_transform(d.img_size, dc["mean"], dc["std"], dc["crop_pct"], dc["interpolation"])
         return build_train_transform(
-            d.img_size, mean, std, crop=d.crop, crop_padding=d.crop_padding, rrc_scale_min=d.rrc_scale_min,
-            hflip=d.hflip, auto_augment=d.auto_augment, re_prob=d.re_prob,
+            d.img_size, dc["mean"], dc["std"], crop=d.crop, crop_padding=d.crop_padding, rrc_scale_min=d.rrc_scale_min,
+            hflip=d.hflip, auto_augment=d.auto_augment, re_prob=d.re_prob, interpolation=dc["interpolation"],
         )
 
     def build_dataset(self, split: str) -> Dataset:

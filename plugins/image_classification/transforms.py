@@ -11,6 +11,7 @@ from typing import Sequence
 
 from timm.data.auto_augment import auto_augment_transform, rand_augment_transform
 from timm.data.random_erasing import RandomErasing
+from timm.data.transforms import str_to_pil_interp
 from torchvision import transforms as T
 
 _AUTO_AUGMENT_POLICIES = ("original", "originalr", "v0r")
@@ -59,6 +60,7 @@ def build_train_transform(
     hflip: float = 0.5,
     auto_augment: str | None = None,
     re_prob: float = 0.0,
+    interpolation: str = "bilinear",
 ):
     """PIL image -> normalised (3, H, W) float tensor with random augmentation.
 
@@ -70,16 +72,18 @@ def build_train_transform(
         hflip: probability of a horizontal flip.
         auto_augment: RandAugment/AutoAugment policy string (see ``check_auto_augment``).
         re_prob: probability of random erasing (per image, random-pixel fill).
+        interpolation: resize filter (``bilinear``, ``bicubic`` or ``nearest``).
 
     Raises:
         ValueError: for an unknown ``crop`` or an unusable ``auto_augment`` policy.
     """
+    mode = T.InterpolationMode(interpolation)
     if crop == "pad":
-        ops = [T.Resize(img_size), T.RandomCrop(img_size, padding=crop_padding, pad_if_needed=True)]
+        ops = [T.Resize(img_size, interpolation=mode), T.RandomCrop(img_size, padding=crop_padding, pad_if_needed=True)]
     elif crop == "rrc":
-        ops = [T.RandomResizedCrop(img_size, scale=(rrc_scale_min, 1.0))]
+        ops = [T.RandomResizedCrop(img_size, scale=(rrc_scale_min, 1.0), interpolation=mode)]
     elif crop == "none":
-        ops = [T.Resize(img_size), T.CenterCrop(img_size)]
+        ops = [T.Resize(img_size, interpolation=mode), T.CenterCrop(img_size)]
     else:
         raise ValueError(f"crop {crop!r} must be one of 'pad', 'rrc', 'none'")
     if hflip > 0:
@@ -88,7 +92,8 @@ def build_train_transform(
         problem = check_auto_augment(auto_augment)
         if problem:
             raise ValueError(problem)
-        hparams = {"translate_const": int(img_size * 0.45), "img_mean": tuple(round(255 * m) for m in mean)}
+        hparams = {"translate_const": int(img_size * 0.45), "img_mean": tuple(round(255 * m) for m in mean),
+                   "interpolation": str_to_pil_interp(interpolation)}
         factory = rand_augment_transform if auto_augment.startswith("rand") else auto_augment_transform
         ops.append(factory(auto_augment, hparams))
     ops += [T.ToTensor(), T.Normalize(mean, std)]
@@ -97,11 +102,12 @@ def build_train_transform(
     return T.Compose(ops)
 
 
-def build_eval_transform(img_size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 1.0):
+def build_eval_transform(img_size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 1.0,
+                         interpolation: str = "bilinear"):
     """PIL image -> normalised (3, H, W) tensor: resize the short side to
-    ``img_size / crop_pct``, then centre-crop ``img_size``."""
+    ``img_size / crop_pct`` with ``interpolation``, then centre-crop ``img_size``."""
     return T.Compose([
-        T.Resize(int(round(img_size / crop_pct))),
+        T.Resize(int(round(img_size / crop_pct)), interpolation=T.InterpolationMode(interpolation)),
         T.CenterCrop(img_size),
         T.ToTensor(),
         T.Normalize(mean, std),

@@ -111,6 +111,19 @@ def test_teacher_with_other_class_names_fails(tmp_path):
         load_teacher(DistillConfig(type="soft", teacher=str(teacher_dir)), ["other"] + names[1:])
 
 
+def test_validate_names_a_missing_teacher(tmp_path):
+    """`tk validate` (before any training) names a teacher path that does not exist, and
+    writes nothing."""
+    missing = tmp_path / "runs" / "no_teacher"
+    result = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", f"distill.teacher={missing}",
+                                      "model.distilled=true", f"output_dir={tmp_path / 'out'}"])
+    assert result.exit_code == 2, result.output
+    assert "distill.teacher" in result.output and str(missing) in result.output and "timm" in result.output
+    ok = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", "distill.teacher=resnet18"])
+    assert ok.exit_code == 0, ok.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_teacher_gets_no_grad():
     from tk.core.engine.build import prepare_teacher
 

@@ -101,12 +101,21 @@ def test_layer_decay_on_a_timm_vit():
     assert scale["patch_embed.proj.weight"] == pytest.approx(0.5 ** 13)
 
 
-def test_pretrained_normalisation_saved_with_the_run(tmp_path, monkeypatch):
+def test_pretrained_data_config_saved_with_the_run(tmp_path, monkeypatch):
     cfg, task_cls = load_config("quickstart", ["model.timm=vit_tiny_patch16_224", "model.pretrained=true"])
     task = task_cls(cfg, tmp_path / "run")
     task.setup()
-    assert task.normalization == ([0.5] * 3, [0.5] * 3)  # timm's augreg pretrained cfg, not CIFAR's
-    saved = json.loads(task.files.read_text("normalize.json"))
-    assert saved == {"mean": [0.5] * 3, "std": [0.5] * 3}
-    override = task_cls(load_config("quickstart", ["data.mean=[0.1,0.2,0.3]", "data.std=[1,1,1]"])[0])
-    assert override.normalization == ([0.1, 0.2, 0.3], [1.0, 1.0, 1.0])
+    # timm's augreg pretrained cfg (mean/std 0.5, bicubic, crop 0.9), not CIFAR's statistics
+    expected = {"mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bicubic", "crop_pct": 0.9}
+    assert task.data_config == expected and task.normalization == ([0.5] * 3, [0.5] * 3)
+    assert json.loads(task.files.read_text("normalize.json")) == expected
+    resize = task._transform(training=False).transforms[0]
+    assert resize.interpolation.value == "bicubic" and resize.size == round(32 / 0.9)
+    # a finished run reads its saved config back, whatever the recipe now says
+    again = task_cls(load_config("quickstart", ["data.crop_pct=1.0"])[0], tmp_path / "run")
+    again.setup(resume=True)
+    assert again.data_config == expected
+    override = task_cls(load_config("quickstart", ["data.mean=[0.1,0.2,0.3]", "data.std=[1,1,1]",
+                                                   "data.interpolation=bicubic"])[0])
+    assert override.data_config == {"mean": [0.1, 0.2, 0.3], "std": [1.0, 1.0, 1.0], "interpolation": "bicubic",
+                                     "crop_pct": 1.0}
