@@ -266,7 +266,9 @@ def convert_timm_vit_state_dict(timm_state_dict: Mapping[str, Tensor]) -> dict[s
 def load_timm_vit(core_model: VisionTransformer, timm_model_or_state_dict: nn.Module | Mapping[str, Any]) -> None:
     """Copy a timm ViT's weights into ``core_model`` (in place).
 
-    Position embeddings for another patch grid are resampled to ``core_model``'s grid.
+    Position embeddings for another patch grid are resampled to ``core_model``'s grid, and the
+    patch-embedding kernel to its patch size (FlexiViT resampling, timm's
+    ``resample_patch_embed``).
 
     Args:
         core_model: the destination tk ViT.
@@ -285,6 +287,13 @@ def load_timm_vit(core_model: VisionTransformer, timm_model_or_state_dict: nn.Mo
         side = int(round(n_old ** 0.5))
         if side * side == n_old and sd["pos_embed"].shape[2] == own["pos_embed"].shape[2]:
             sd["pos_embed"] = resample_pos_embed(sd["pos_embed"], core_model.patch_embed.grid, (side, side), n_prefix)
+    kernel = sd.get("patch_embed.proj.weight")
+    own_kernel = own["patch_embed.proj.weight"]
+    if kernel is not None and kernel.shape[:2] == own_kernel.shape[:2] and kernel.shape[2:] != own_kernel.shape[2:]:
+        # another patch size: FlexiViT's pseudo-inverse resampling, as timm does when loading
+        from timm.layers import resample_patch_embed  # lazy: only a patch-size change needs timm here
+
+        sd["patch_embed.proj.weight"] = resample_patch_embed(kernel, list(own_kernel.shape[2:]))
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
     if missing or unexpected:

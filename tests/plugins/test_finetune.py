@@ -7,11 +7,12 @@ import timm
 import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
-from timm.layers import resample_abs_pos_embed
+from timm.layers import resample_abs_pos_embed, resample_patch_embed
 
 from tk.core.cli import cli
 from tk.core.engine.inference import evaluate_run, load_run
 from tk.core.errors import TkError
+from tk.core.nn.vit import load_timm_vit
 from tk.core.recipe import load_config
 from tk.plugins.image_classification.synthetic import SyntheticShapes
 
@@ -79,6 +80,41 @@ def test_finetune_tk_vit_from_file(tmp_path):
     task.init_pretrained(model)
     check_loaded(model, source, (4, 4))
     run_and_reload(tmp_path, weights, TK_VIT)
+
+
+def test_tk_vit_from_another_patch_size():
+    """Patch 8 weights into a patch-4 tk ViT: the kernel is resampled as timm does (FlexiViT),
+    the position embeddings to the new 8x8 grid."""
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", img_size=16, num_classes=3, **VIT)  # patch 8, grid 2x2
+    task = build_task([*TK_VIT, "model.patch_size=4"])
+    model = task.build_model()
+    load_timm_vit(model, source.state_dict() | {k: v for k, v in model.state_dict().items() if k.startswith("head.")})
+    own = model.state_dict()
+    kernel = source.state_dict()["patch_embed.proj.weight"]
+    assert own["patch_embed.proj.weight"].shape[2:] == (4, 4)
+    torch.testing.assert_close(own["patch_embed.proj.weight"], resample_patch_embed(kernel, [4, 4]))
+    torch.testing.assert_close(own["pos_embed"], resample_abs_pos_embed(source.pos_embed, [8, 8], num_prefix_tokens=1))
+    torch.testing.assert_close(own["blocks.1.attn.qkv.weight"], source.state_dict()["blocks.1.attn.qkv.weight"])
+
+
+def test_tk_checkpoint_as_pretrained_file(tmp_path):
+    """A tk ViT run's checkpoint is a valid model.pretrained_file (tk's ViT keeps timm's names):
+    the backbone of the next run starts from it, its head is new."""
+    first = tmp_path / "first"
+    result = CliRunner().invoke(cli, ["run", "quickstart", f"output_dir={first}", *SMALL, *TK_VIT],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ckpt = first / "checkpoints" / "last.pt"
+    task = build_task([*TK_VIT, f"model.pretrained_file={ckpt}", "train.seed=5"])
+    model = task.build_model()
+    task.init_pretrained(model)
+    _, trained = load_run(first, "last")
+    for key, value in trained.state_dict().items():
+        if key.startswith("head."):
+            assert not torch.equal(model.state_dict()[key], value)
+        else:
+            torch.testing.assert_close(model.state_dict()[key], value, msg=key)
 
 
 def test_missing_and_incompatible_pretrained_file(tmp_path):
