@@ -128,6 +128,17 @@ def test_missing_and_incompatible_pretrained_file(tmp_path):
         task.init_pretrained(task.build_model())
 
 
+def test_pretrained_without_network_suggests_pretrained_file(monkeypatch):
+    """No hub (offline mode, as on a machine without network): one TkError that names the
+    model and suggests model.pretrained_file."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once, no retries
+    task = build_task(["model.timm=vit_tiny_patch16_224", "model.pretrained=true", "data.img_size=32"])
+    with pytest.raises(TkError, match=r"model.pretrained: cannot fetch .*'vit_tiny_patch16_224'.*model.pretrained_file"):
+        task.init_pretrained(task.build_model())
+
+
 def test_layer_decay_on_a_timm_vit():
     task = build_task(["model.timm=vit_tiny_patch16_224", "data.img_size=32", "optim.layer_decay=0.5"])
     model = task.build_model()
