@@ -27,11 +27,13 @@ class ModelConfig(ViTConfig):
     timm: str | None = None  # build this timm model instead, e.g. "resnet18" (random init)
     pretrained: bool = False  # model.timm: start from timm's pretrained weights (hub; offline: pretrained_file)
     pretrained_file: str | None = None  # timm weights (.safetensors/.pth) to fine-tune from (model.timm or arch vit)
+    pretrained_from: str | None = None  # arch vit + pretrained: true: the timm ViT whose published weights to load
     freeze: str = "none"  # none | backbone (train the head only) | all_but_last_N (N last blocks + head train)
 
     def check(self, prefix: str = "model") -> list[str]:
         """The ViT's problems (none when a timm model is built instead) and the fine-tuning keys'."""
-        problems = check_pretrained(self.pretrained, self.pretrained_file, self.timm, self.freeze)
+        problems = check_pretrained(self.pretrained, self.pretrained_file, self.timm, self.freeze,
+                                    self.pretrained_from)
         return problems if self.timm is not None else super().check(prefix) + problems
 
 

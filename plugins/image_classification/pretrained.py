@@ -22,12 +22,16 @@ from tk.core.nn.vit import VisionTransformer, load_timm_vit
 HEADS = ("head.", "head_dist.", "fc.", "classifier.")  # classifier prefixes (ViT, ResNet, others): re-initialised
 
 
-def check_pretrained(pretrained: bool, pretrained_file: str | None, timm_name: str | None, freeze: str) -> list[str]:
+def check_pretrained(pretrained: bool, pretrained_file: str | None, timm_name: str | None, freeze: str,
+                     pretrained_from: str | None = None) -> list[str]:
     """Problems of the fine-tuning keys of ``model:``."""
     problems = []
-    if pretrained and pretrained_file is None and timm_name is None:
-        problems.append("model.pretrained: the tk ViT (arch: vit) loads timm weights from model.pretrained_file; "
-                        "set model.pretrained_file, or model.timm to use timm's hub")
+    if pretrained and pretrained_file is None and timm_name is None and pretrained_from is None:
+        problems.append("model.pretrained: the tk ViT (arch: vit) needs the timm ViT whose weights to load: "
+                        "set model.pretrained_from (e.g. vit_tiny_patch16_224) or model.pretrained_file")
+    if pretrained_from is not None and timm_name is not None:
+        problems.append("model.pretrained_from is for the tk ViT (arch: vit); with model.timm set, "
+                        "model.pretrained: true loads that model's own weights")
     if freeze not in ("none", "backbone") and not (freeze.startswith("all_but_last_") and
                                                    freeze[len("all_but_last_"):].isdigit()):
         problems.append(f"model.freeze ({freeze!r}) must be none, backbone or all_but_last_N (N blocks train)")
@@ -62,20 +66,37 @@ def _is_head(name: str) -> bool:
     return name.startswith(HEADS)
 
 
-def load_pretrained_vit(model: VisionTransformer, path: str) -> None:
-    """timm ViT weights from ``path`` into the tk ViT; heads keep their fresh initialisation,
-    position embeddings are resampled to the model's grid.
+def load_pretrained_vit(model: VisionTransformer, path: str | None, timm_name: str | None = None) -> None:
+    """timm ViT weights from ``path`` (or, without a path, timm's published weights of
+    ``timm_name`` from the hub) into the tk ViT; heads keep their fresh initialisation,
+    position embeddings (and the patch kernel) are resampled to the model's grid.
 
     Raises:
-        TkError: the file is missing or does not fit, naming the file and the first bad tensor.
+        TkError: the file is missing or does not fit, naming the file and the first bad tensor;
+            the hub cannot be reached (suggesting ``model.pretrained_file``).
     """
-    state = {k: v for k, v in read_weights(path).items() if not _is_head(k)}
+    weights = read_weights(path) if path is not None else _hub_state_dict(timm_name)
+    state = {k: v for k, v in weights.items() if not _is_head(k)}
     own = model.state_dict()
     state.update({k: v for k, v in own.items() if _is_head(k)})
     try:
         load_timm_vit(model, state)
     except ValueError as e:
-        raise TkError(f"model.pretrained_file: {path} does not fit the model: {e}") from e
+        key = "model.pretrained_file" if path is not None else "model.pretrained_from"
+        raise TkError(f"{key}: {path or timm_name} does not fit the model: {e}") from e
+
+
+def _hub_state_dict(name: str) -> dict[str, torch.Tensor]:
+    """The state dict of timm's pretrained ``name`` (downloaded by timm from the hub)."""
+    import timm  # lazy: only models that load timm weights pay for it
+
+    if not timm.is_model(name):
+        raise TkError(f"model.pretrained_from {name!r} is not a timm model; see timm.list_models('vit_*')")
+    try:
+        return timm.create_model(name, pretrained=True).state_dict()
+    except Exception as e:  # hub offline or unknown weights: many exception kinds
+        raise TkError(f"model.pretrained: cannot fetch timm's pretrained weights for {name!r} ({type(e).__name__}: "
+                      f"{e}); offline, download them elsewhere and set model.pretrained_file: PATH") from e
 
 
 def load_pretrained_timm(model: nn.Module, name: str, num_classes: int, img_size: int, path: str | None) -> None:

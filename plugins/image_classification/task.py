@@ -131,14 +131,15 @@ class ImageClassificationTask(Task):
     def data_config(self) -> dict[str, Any]:
         """The input pipeline's ``mean``, ``std``, ``interpolation`` and ``crop_pct``: the recipe's
         ``data.*`` keys where set, else timm's pretrained config when fine-tuning a timm model
-        (timm's own ``resolve_data_config`` rule), else the data source's statistics, bilinear, 1.0.
+        or the tk ViT's ``pretrained_from`` (timm's own ``resolve_data_config`` rule), else the data source's statistics, bilinear, 1.0.
         Saved with the run, so evaluation and prediction use what training used."""
         if self._data_config is None:
             mean, std = (list(v) for v in MEAN_STD[self.data.source])
             resolved: dict[str, Any] = {"mean": mean, "std": std, "interpolation": "bilinear", "crop_pct": 1.0}
             m = self.model_cfg
-            if m.timm is not None and (m.pretrained or m.pretrained_file):
-                pretrained_cfg = timm.get_pretrained_cfg(m.timm)
+            timm_name = m.timm if m.timm is not None else m.pretrained_from
+            if timm_name is not None and (m.pretrained or m.pretrained_file):
+                pretrained_cfg = timm.get_pretrained_cfg(timm_name)
                 if pretrained_cfg is not None:
                     resolved.update(mean=list(pretrained_cfg.mean), std=list(pretrained_cfg.std),
                                     interpolation=pretrained_cfg.interpolation or "bilinear",
@@ -233,7 +234,7 @@ class ImageClassificationTask(Task):
         if m.timm is not None:
             load_pretrained_timm(model, m.timm, self.num_classes, self.data.img_size, m.pretrained_file)
         else:
-            load_pretrained_vit(model, m.pretrained_file)
+            load_pretrained_vit(model, m.pretrained_file, m.pretrained_from)
 
     def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
         """Core's groups; ``optim.layer_decay`` on a timm ViT uses its block index as layer id."""

@@ -139,6 +139,27 @@ def test_pretrained_without_network_suggests_pretrained_file(monkeypatch):
         task.init_pretrained(task.build_model())
 
 
+def test_tk_vit_pretrained_from_a_timm_name(monkeypatch):
+    """arch: vit + model.pretrained + model.pretrained_from: timm's published weights of that name
+    (the hub download is replaced by a local model here); offline, the error suggests pretrained_file."""
+    torch.manual_seed(0)
+    published = timm.create_model("vit_tiny_patch16_224", img_size=16, num_classes=3, **VIT)
+    real_create = timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda name, pretrained=False, **kw: published
+                        if pretrained else real_create(name, pretrained=pretrained, **kw))
+    task = build_task([*TK_VIT, "model.pretrained=true", "model.pretrained_from=vit_tiny_patch16_224"])
+    assert task.data_config["interpolation"] == "bicubic"  # vit_tiny_patch16_224's pretrained cfg
+    model = task.build_model()
+    task.init_pretrained(model)
+    check_loaded(model, published, (4, 4))
+    monkeypatch.setattr(timm, "create_model", real_create)
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TkError, match=r"cannot fetch .*'vit_tiny_patch16_224'.*model.pretrained_file"):
+        task.init_pretrained(task.build_model())
+
+
 def test_layer_decay_on_a_timm_vit():
     task = build_task(["model.timm=vit_tiny_patch16_224", "data.img_size=32", "optim.layer_decay=0.5"])
     model = task.build_model()
