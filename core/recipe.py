@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import re
 import types
 import typing
 from pathlib import Path
@@ -260,18 +261,21 @@ def _rule_problems(task_cls: type, task_name: str, sections: dict[str, Any], out
 
 
 def _name_overrides(problems: list[str], parsed: list[tuple[tuple[list[str], Any], str]]) -> list[str]:
-    """Attribute each problem about a key that an override set to that override:
-    ``optim.lr must be > 0`` -> ``override 'optim.lr=0': optim.lr must be > 0``."""
+    """Attribute each problem to the overrides that set a key it names:
+    ``optim.lr must be > 0`` -> ``override 'optim.lr=0': optim.lr must be > 0``; a problem
+    about two keys that two overrides set names both."""
+    last: dict[str, str] = {}
+    for (keys, _), text in parsed:  # the last override of a key wins
+        last[".".join(keys)] = text
     out = []
     for problem in problems:
         if not problem.startswith("override "):
-            for (keys, _), text in reversed(parsed):  # the last override of a key wins
-                prefix = ".".join(keys)
-                if problem.startswith(prefix + ": "):
-                    problem = f"override {text!r}: {problem[len(prefix) + 2:]}"
-                    break
-                if problem.startswith(prefix) and problem[len(prefix):len(prefix) + 1] in (":", ".", "[", " "):
-                    problem = f"override {text!r}: {problem}"
-                    break
+            named = [text for key, text in last.items()
+                     if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", problem)]
+            if named:
+                head = problem.split(": ", 1)
+                if len(named) == 1 and len(head) == 2 and last.get(head[0]) == named[0]:
+                    problem = head[1]  # "key: msg" -> "override 'key=v': msg", the key is in the override
+                problem = f"override {', '.join(repr(t) for t in dict.fromkeys(named))}: {problem}"
         out.append(problem)
     return out
