@@ -80,11 +80,12 @@ def new_task(name: str, parent: str | Path = ".", kind: str = "classification") 
     """
     check_name(name)
     files = render(name, kind)
-    target = Path(parent).expanduser() / templates.names(name, kind)["__DIST__"]
+    parent = Path(parent).expanduser()
+    if parent.exists() and not parent.is_dir():
+        raise TkError(f"--dir {parent}: not a folder; pass the folder in which to create the package")
+    target = parent / templates.names(name, kind)["__DIST__"]
     if target.exists():
         raise TkError(f"{target} already exists; tk new-task never overwrites: remove it or pass another --dir")
-    if Path(parent).expanduser().exists() and not Path(parent).expanduser().is_dir():
-        raise TkError(f"--dir {parent}: not a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
