@@ -1,5 +1,5 @@
-"""The ``tk`` command line: run, list, info, config, validate, summary, eval, average, predict
-(plus plugin commands from the ``tk.commands`` entry-point group).
+"""The ``tk`` command line: run, list, info, config, validate, summary, eval, average, predict,
+new-task (plus plugin commands from the ``tk.commands`` entry-point group).
 
 Exit codes: 0 success; 2 usage or config error (one line, nothing on disk touched);
 1 failure during a run (one line; the full traceback with ``--debug``).
@@ -168,7 +168,8 @@ def new_task_cmd(name: str, parent: str, kind: str) -> None:
     from tk.core.scaffold import new_task
 
     created = new_task(name, parent, kind)
-    click.echo(f"created {created} (task {name!r}, kind {kind}); next: see {created / 'README.md'}")
+    click.echo(f"created {created} (task {name!r}, kind {kind}); next:\n"
+               f"  cd {created} && pip install -e .\n  tk run {name}_demo\n  python -m pytest tests")
 
 
 @cli.command("config")

@@ -97,11 +97,11 @@ def find_recipe(recipe: str) -> Path:
         return _plugin_recipe_path(recipe, plugins[recipe], builtins)
     if recipe in builtins:
         return builtins[recipe]
-    names = sorted({*builtins, *plugins})
-    hint = did_you_mean(Path(recipe).stem, names)
+    hint = did_you_mean(Path(recipe).stem, [*builtins, *plugins])
+    shipped = f"; plugin recipes: {', '.join(plugins)}" if plugins else ""
     raise TkError(
-        f"recipe not found: {recipe!r} is neither a file nor an installed recipe{hint}; "
-        f"recipes: {', '.join(names) or 'none'} (run `tk list`)"
+        f"recipe not found: {recipe!r} is neither a file nor a built-in or plugin recipe{hint}; "
+        f"built-in recipes: {', '.join(sorted(builtins)) or 'none'}{shipped} (run `tk list`)"
     )
 
 

@@ -67,7 +67,7 @@ __all__ = ["__CLASS__"]
 README = '''\
 # __DIST__
 
-The `__NAME__` task for [tk](https://github.com/) (kind: __KIND__), written by
+The `__NAME__` task plugin for tk (kind: __KIND__), written by
 `tk new-task __NAME__ --kind __KIND__`. It trains on generated data as it is; replace
 `make_examples` in `__PKG__/task.py` with your data and adapt the model.
 

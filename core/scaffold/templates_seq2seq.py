@@ -161,7 +161,7 @@ RECIPE = '''\
 task: __NAME__
 data: {num_train: 4000, num_val: 100, vocab_size: 16, max_len: 8, seed: 0}
 model: {dim: 64, depth: 2, num_heads: 4, dropout: 0.0, max_len: 64}
-optim: {name: adamw, lr: 1.0e-3, weight_decay: 0.01}
+optim: {name: adamw, lr: 3.0e-3, weight_decay: 0.01}
 schedule: {name: warmup_cosine, warmup_steps: 20}
 train: {max_steps: 400, batch_size: 32, eval_every: 200, best_metric: val/exact_match, seed: 0, log_every: 50}
 output_dir: runs/__RECIPE__

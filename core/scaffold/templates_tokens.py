@@ -36,10 +36,13 @@ class DataConfig:
     vocab_size: int = 32  # token ids 0..vocab_size-1 (0 = PAD, 1 = the marker)
     min_len: int = 4  # shortest sequence (tokens)
     max_len: int = 16  # longest sequence (tokens)
+    marker_prob: float = 0.2  # chance that a token is the marker
     seed: int = 0  # data seed (the val split uses seed + 1)
 
     def check(self, prefix: str = "data") -> list[str]:
         problems = []
+        if not 0.0 <= self.marker_prob < 1.0:
+            problems.append(f"{prefix}.marker_prob ({self.marker_prob}) must be in [0, 1)")
         if self.num_tags < 2:
             problems.append(f"{prefix}.num_tags ({self.num_tags}) must be >= 2")
         if self.vocab_size < 3:
@@ -70,7 +73,9 @@ def make_examples(d: DataConfig, n: int, seed: int) -> list[tuple[list[int], lis
     out = []
     for _ in range(n):
         length = int(torch.randint(d.min_len, d.max_len + 1, (1,), generator=g))
-        tokens = torch.randint(1, d.vocab_size, (length,), generator=g).tolist()
+        tokens = torch.randint(2, d.vocab_size, (length,), generator=g)
+        tokens[torch.rand(length, generator=g) < d.marker_prob] = MARKER
+        tokens = tokens.tolist()
         out.append((tokens, tag_of(tokens, d.num_tags)))
     return out
 
@@ -145,7 +150,7 @@ RECIPE = '''\
 task: __NAME__
 data: {num_train: 2000, num_val: 200, num_tags: 5, vocab_size: 32, seed: 0}
 model: {dim: 64, depth: 2, num_heads: 4, dropout: 0.0}
-optim: {name: adamw, lr: 1.0e-3, weight_decay: 0.01}
+optim: {name: adamw, lr: 3.0e-3, weight_decay: 0.01}
 schedule: {name: warmup_cosine, warmup_steps: 20}
 train: {max_steps: 300, batch_size: 32, eval_every: 100, best_metric: val/top1, seed: 0, log_every: 50}
 output_dir: runs/__RECIPE__
