@@ -45,3 +45,12 @@ def subprocess_env(*paths: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), *[p for p in sys.path if p]])
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def pip_editable(project: Path, prefix: Path) -> Path:
+    """``pip install --no-deps --no-build-isolation -e project`` into ``prefix`` (not this
+    environment); returns the site-packages folder to hand to ``site.addsitedir``."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--prefix",
+                    str(prefix), "-e", str(project)], check=True, capture_output=True, text=True)
+    (site_packages,) = prefix.glob("lib/python*/site-packages")
+    return site_packages

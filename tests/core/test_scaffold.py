@@ -8,7 +8,7 @@ import tomllib
 import pytest
 from click.testing import CliRunner
 
-from tests.plugin_dist import build_wheel, install_metadata, subprocess_env
+from tests.plugin_dist import build_wheel, install_metadata, pip_editable, subprocess_env
 from tk.core.cli import cli
 from tk.core.scaffold import KINDS, render
 
@@ -110,3 +110,19 @@ def test_generated_pyproject_builds_a_wheel_with_the_recipe(tmp_path):
     entry_points = wheel.read("tk_wheely-0.1.0.dist-info/entry_points.txt").decode()
     assert "[tk.recipes]\nwheely_demo = tk_wheely.recipes:wheely_demo" in entry_points
     assert "[tk.tasks]\nwheely = tk_wheely:WheelyTask" in entry_points
+
+
+@pytest.mark.slow
+def test_pip_editable_install_registers_task_and_recipe(tmp_path):
+    assert CliRunner().invoke(cli, ["new-task", "edit_me", "--dir", str(tmp_path)]).exit_code == 0
+    site = pip_editable(tmp_path / "tk-edit-me", tmp_path / "prefix")
+    # a fresh interpreter that sees the install as Python does at start-up (its .pth runs the editable finder)
+    script = ("import site, sys; site.addsitedir(sys.argv[1]); from tk.core.recipe import find_recipe; "
+              "print(find_recipe('edit_me_demo')); sys.argv[1:] = ['list']; from tk.core.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", script, str(site)], env=subprocess_env(), capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == str(tmp_path / "tk-edit-me" / "tk_edit_me" / "recipes" / "edit_me_demo.yaml")
+    assert "[tk-edit-me 0.1.0]" in next(line for line in lines if line.strip().startswith("edit_me "))
+    assert "[tk-edit-me 0.1.0]" in next(line for line in lines if line.strip().startswith("edit_me_demo "))
