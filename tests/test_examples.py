@@ -65,8 +65,9 @@ def test_entity_f1_metric_skips_non_word_positions(tagging):
 
 
 def test_conll_files_are_read_and_bad_lines_named(tagging, tmp_path):
-    from tk.core import TkError
     from tk_token_tagging.corpus import read_conll
+
+    from tk.core import TkError
 
     good = tmp_path / "train.txt"
     good.write_text("-DOCSTART- O\n\nanna B-PER\nsilva I-PER\nslept O\n\nhi O\n")

@@ -16,7 +16,7 @@ GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 def guide_files() -> dict[str, str]:
     """Every fenced block of the guide whose first line is `# file: PATH`, by path."""
-    blocks = re.findall(r"^```[a-z]*\n# file: (\S+)\n(.*?)^```", GUIDE.read_text(encoding="utf-8"), re.S | re.M)
+    blocks = re.findall(r"^```[a-z]*\n# file: (\S+)\n(.*?)^```", GUIDE.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE)
     return {path: f"# file: {path}\n{body}" for path, body in blocks}
 
 

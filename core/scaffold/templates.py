@@ -54,6 +54,9 @@ packages = ["__PKG__"]
 
 [tool.setuptools.package-data]
 __PKG__ = ["recipes/*.yaml"]
+
+[tool.ruff]
+line-length = 120
 '''
 
 INIT = '''\
@@ -98,9 +101,9 @@ from pathlib import Path
 
 import torch
 from click.testing import CliRunner
-
 from tk.core.cli import cli
 from tk.core.recipe import load_config
+
 from __PKG__ import __CLASS__
 from __PKG__.task import make_examples
 

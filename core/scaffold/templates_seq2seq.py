@@ -11,15 +11,24 @@ keys) with your own data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
+from tk.core import (
+    Accuracy,
+    EncoderDecoder,
+    EvalContext,
+    Metric,
+    StepOutput,
+    Task,
+    TransformerConfig,
+    cross_entropy_sum,
+    greedy_decode,
+)
 from torch import Tensor, nn
 from torch.utils.data import Dataset
-
-from tk.core import (Accuracy, EncoderDecoder, EvalContext, Metric, StepOutput, Task, TransformerConfig,
-                     cross_entropy_sum, greedy_decode)
 
 PAD, BOS, EOS = 0, 1, 2  # special ids; real tokens are 3..vocab_size-1
 IGNORE = -100  # target of padded positions: no loss, not counted
@@ -157,6 +166,7 @@ class __CLASS__(Task):
 
 RECIPE = '''\
 # __NAME__ on generated pairs (seq2seq): reverse a sequence with a small encoder-decoder, about a minute on a CPU.
+# Measured: val/exact_match 1.000 (val/top1 1.000) after 400 updates, 32 s on a 2-core CPU under load (seed 0).
 #   tk run __RECIPE__
 task: __NAME__
 data: {num_train: 4000, num_val: 100, vocab_size: 16, max_len: 8, seed: 0}
@@ -170,6 +180,10 @@ output_dir: runs/__RECIPE__
 README_EXTRA = ""
 
 TEST_EXTRA = '''
+
+def test_target_is_the_reversed_source():
+    assert all(tgt == src[::-1] for src, tgt in make_examples(__CLASS__.DataConfig(), 20, seed=1))
+
 
 def test_exact_match_by_hand():
     from __PKG__.task import EOS, ExactMatch

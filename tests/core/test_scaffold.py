@@ -96,9 +96,10 @@ def test_generated_tests_pass_without_edits(installed):
     site, projects = installed
     folders = [str(p / "tests") for p in projects.values()]
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *folders],
-                           cwd=site.parent, env=subprocess_env(site, *projects.values()), capture_output=True, text=True)
+                           cwd=site.parent, env=subprocess_env(site, *projects.values()), capture_output=True, text=True,
+                           check=False)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert f"{4 * len(projects)} passed" in tests.stdout
+    assert f"{4 * len(projects) + 1} passed" in tests.stdout  # 4 per kind, seq2seq has 5
 
 
 @pytest.mark.slow
@@ -120,7 +121,7 @@ def test_pip_editable_install_registers_task_and_recipe(tmp_path):
     script = ("import site, sys; site.addsitedir(sys.argv[1]); from tk.core.recipe import find_recipe; "
               "print(find_recipe('edit_me_demo')); sys.argv[1:] = ['list']; from tk.core.cli import main; main()")
     proc = subprocess.run([sys.executable, "-c", script, str(site)], env=subprocess_env(), capture_output=True,
-                          text=True, cwd=tmp_path)
+                          text=True, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == str(tmp_path / "tk-edit-me" / "tk_edit_me" / "recipes" / "edit_me_demo.yaml")

@@ -1,9 +1,9 @@
 """The example's own tests (run after `pip install -e .`): spans by hand, two training steps."""
 
 from click.testing import CliRunner
+from tk_token_tagging.spans import bio_spans, prf, span_counts
 
 from tk.core.cli import cli
-from tk_token_tagging.spans import bio_spans, prf, span_counts
 
 
 def test_exact_span_match_by_hand():

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from tk.core import Metric, StepOutput
-
 from tk_token_tagging.spans import prf, span_counts
 
 IGNORE = -100  # the label of positions that are not a word's first token

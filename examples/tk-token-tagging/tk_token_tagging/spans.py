@@ -8,9 +8,9 @@ only when its type, start and end all equal a gold entity's.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-__all__ = ["bio_spans", "span_counts", "prf"]
+__all__ = ["bio_spans", "prf", "span_counts"]
 
 Span = tuple[str, int, int]  # (type, start, end): words start..end-1
 

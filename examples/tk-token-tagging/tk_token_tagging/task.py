@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -20,11 +21,20 @@ from tokenizers.implementations import BertWordPieceTokenizer
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from tk.core import (Accuracy, EvalContext, Metric, OptimConfig, StepOutput, Task, TkError, TransformerConfig,
-                     cross_entropy_sum, param_groups)
+from tk.core import (
+    Accuracy,
+    EvalContext,
+    Metric,
+    OptimConfig,
+    StepOutput,
+    Task,
+    TkError,
+    TransformerConfig,
+    cross_entropy_sum,
+    param_groups,
+)
 from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config
 from tk.core.nn.text_encoder import TextEncoder
-
 from tk_token_tagging.corpus import TAGS, generate, read_conll
 from tk_token_tagging.metrics import IGNORE, EntityF1
 from tk_token_tagging.spans import bio_spans
