@@ -150,6 +150,9 @@ def test_start_from_a_bert_folder_matches_transformers(tagging, tmp_path):
     task.init_pretrained(model)
     item = task.encode(["anna", "silva", "flew", "to", "oslo"], ["B-PER", "I-PER", "O", "O", "B-LOC"])
     assert item["tags"][0] == -100 and item["tags"][-1] == -100  # [CLS] and [SEP] are not tagged
+    reference = transformers.BertTokenizerFast(str(folder / "vocab.txt"))
+    sentence = ["Anna", "silva", "flew", "to", "oslo", "zzq"]  # casing and an unknown word, as BERT tokenizes them
+    assert task.encode(sentence)["input_ids"] == reference(sentence, is_split_into_words=True)["input_ids"]
     ids = torch.tensor([item["input_ids"]])
     with torch.no_grad():
         ours = model.encoder(ids)

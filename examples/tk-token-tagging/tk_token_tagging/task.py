@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from tokenizers.implementations import BertWordPieceTokenizer
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
@@ -114,7 +113,14 @@ def pretrained_tokenizer(folder: str) -> Tokenizer:
     if (root / "vocab.txt").is_file():
         cfg = root / "tokenizer_config.json"
         lower = json.loads(cfg.read_text()).get("do_lower_case", True) if cfg.is_file() else True
-        return BertWordPieceTokenizer(str(root / "vocab.txt"), lowercase=lower)._tokenizer
+        tok = Tokenizer(models.WordPiece.from_file(str(root / "vocab.txt"), unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lower)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        specials = [(t, tok.token_to_id(t)) for t in ("[SEP]", "[CLS]")]
+        if any(i is None for _, i in specials):
+            raise TkError(f"model.pretrained_dir: {root / 'vocab.txt'} lacks [CLS] or [SEP]; is it a BERT vocabulary?")
+        tok.post_processor = processors.BertProcessing(*specials)  # [CLS] words [SEP]
+        return tok
     raise TkError(f"model.pretrained_dir: {root} has neither tokenizer.json nor vocab.txt")
 
 
