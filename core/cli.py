@@ -1,5 +1,5 @@
-"""The ``tk`` command line: run, list, info, config, validate, summary, eval, average, predict
-(plus plugin commands from the ``tk.commands`` entry-point group).
+"""The ``tk`` command line: run, list, info, config, validate, summary, eval, average, predict,
+new-task (plus plugin commands from the ``tk.commands`` entry-point group).
 
 Exit codes: 0 success; 2 usage or config error (one line, nothing on disk touched);
 1 failure during a run (one line; the full traceback with ``--debug``).
@@ -113,10 +113,11 @@ overrides_argument = click.argument("overrides", nargs=-1)
 @cli.command("list")
 @debug_option
 def list_cmd() -> None:
-    """List installed tasks and plugin commands (with their distributions) and built-in recipes.
+    """List installed tasks, plugin commands and recipes (built-in and plugins'), each with
+    its distribution and version.
 
     Reads package metadata only: no plugin is imported (`tk info NAME` imports one)."""
-    from tk.core.recipe import builtin_recipes
+    from tk.core.recipe import list_recipes
     from tk.core.registry import discover, discover_commands
 
     click.echo("tasks:")
@@ -131,8 +132,9 @@ def list_cmd() -> None:
         for name, entry in commands.items():
             click.echo(f"  {name:<24} {describe_command(entry, cli.commands)}")
     click.echo("recipes:")
-    for name, path in sorted(builtin_recipes().items()):
-        click.echo(f"  {name:<24} {_recipe_summary(path)}")
+    for r in list_recipes():
+        about = f"ERROR: {r.problem}" if r.problem else _recipe_summary(r.path)
+        click.echo(f"  {r.name:<24} {'[' + r.provider + ']':<16} {about}")
 
 
 def _task_about(entry) -> str:
@@ -151,6 +153,23 @@ def _recipe_summary(path: Path) -> str:
         if line.startswith("#"):
             return line.lstrip("# ").strip()
     return ""
+
+
+@cli.command("new-task")
+@click.argument("name")
+@click.option("--dir", "parent", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Folder in which to create the package folder tk-NAME.")
+@click.option("--kind", type=click.Choice(["classification", "tokens", "seq2seq"]), default="classification",
+              show_default=True, help="The example the task starts from: one label per sequence, per token, "
+                                      "or an output sequence.")
+@debug_option
+def new_task_cmd(name: str, parent: str, kind: str) -> None:
+    """Write a pip-installable task plugin package (task, recipe, test, README) to start from."""
+    from tk.core.scaffold import new_task
+
+    created = new_task(name, parent, kind)
+    click.echo(f"created {created} (task {name!r}, kind {kind}); next:\n"
+               f"  cd {created} && pip install -e .\n  tk run {name}_demo\n  python -m pytest tests")
 
 
 @cli.command("config")

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from tk import __version__
 from tk.core.config import (
     CORE_SECTIONS,
     ConfigError,
@@ -31,9 +32,10 @@ from tk.core.config import (
     section_checks,
 )
 from tk.core.errors import TkError
-from tk.core.registry import load_task
+from tk.core.registry import PluginEntry, discover_recipes, load_task, recipe_file
 
-__all__ = ["builtin_recipes", "find_recipe", "read_recipe", "parse_override", "load_config"]
+__all__ = ["builtin_recipes", "plugin_recipes", "RecipeListing", "list_recipes", "find_recipe", "read_recipe",
+           "parse_override", "load_config"]
 
 
 # -- finding and reading recipes ----------------------------------------------------
@@ -43,21 +45,64 @@ def builtin_recipes() -> dict[str, Path]:
     return {Path(p.name).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
 
 
+def plugin_recipes() -> dict[str, PluginEntry]:
+    """Recipes shipped by installed plugins (entry-point group ``tk.recipes``), name -> entry."""
+    return discover_recipes()
+
+
+@dataclasses.dataclass
+class RecipeListing:
+    """One recipe as ``tk list`` shows it."""
+
+    name: str
+    provider: str  # "tk 2.0" or the plugin's "distribution version"
+    path: Path | None  # None when it cannot be located
+    problem: str | None = None  # why it cannot be used (a name clash, a missing file)
+
+
+def list_recipes() -> list[RecipeListing]:
+    """Built-in and plugin recipes, sorted by name; clashes and missing files become ``problem``."""
+    builtins = builtin_recipes()
+    out = [RecipeListing(name, f"tk {__version__}", path) for name, path in builtins.items()]
+    for name, entry in plugin_recipes().items():
+        try:
+            path, problem = _plugin_recipe_path(name, entry, builtins), None
+        except TkError as e:
+            path, problem = None, str(e)
+        out.append(RecipeListing(name, entry.provider, path, problem))
+    return sorted(out, key=lambda r: (r.name, r.provider))
+
+
+def _plugin_recipe_path(name: str, entry: PluginEntry, builtins: dict[str, Path]) -> Path:
+    if name in builtins:
+        raise TkError(f"recipe name {name!r} is claimed by tk's built-in recipe ({builtins[name]}) and by "
+                      f"distribution {entry.distribution or '?'!r} ({entry.value}); rename it in that "
+                      f"distribution's [tk.recipes] entry points")
+    return recipe_file(entry)
+
+
 def find_recipe(recipe: str) -> Path:
-    """A recipe path from a file path or a built-in recipe name."""
+    """A recipe path from a file path, a built-in recipe name or a plugin recipe name (``tk.recipes``).
+
+    Raises:
+        TkError: not found (with a did-you-mean), a folder, or a name claimed twice (naming both claimants).
+    """
     path = Path(recipe).expanduser()
     if path.is_file():
         return path
     if path.is_dir():
         raise TkError(f"recipe {recipe!r} is a folder, not a YAML file; pass a file inside it "
-                      f"or a built-in recipe name (run `tk list`)")
-    builtins = builtin_recipes()
+                      f"or a recipe name (run `tk list`)")
+    builtins, plugins = builtin_recipes(), plugin_recipes()
+    if recipe in plugins:
+        return _plugin_recipe_path(recipe, plugins[recipe], builtins)
     if recipe in builtins:
         return builtins[recipe]
-    hint = did_you_mean(Path(recipe).stem, builtins)
+    hint = did_you_mean(Path(recipe).stem, [*builtins, *plugins])
+    shipped = f"; plugin recipes: {', '.join(plugins)}" if plugins else ""
     raise TkError(
-        f"recipe not found: {recipe!r} is neither a file nor a built-in recipe{hint}; "
-        f"built-in recipes: {', '.join(sorted(builtins)) or 'none'} (run `tk list`)"
+        f"recipe not found: {recipe!r} is neither a file nor a built-in or plugin recipe{hint}; "
+        f"built-in recipes: {', '.join(sorted(builtins)) or 'none'}{shipped} (run `tk list`)"
     )
 
 

@@ -1,10 +1,15 @@
-"""Plugin discovery through entry points: tasks (``tk.tasks``) and CLI commands (``tk.commands``).
+"""Plugin discovery through entry points: tasks (``tk.tasks``), CLI commands (``tk.commands``)
+and recipes (``tk.recipes``).
 
 Built-in tasks register in ``setup.py`` exactly as third-party ones do in theirs
 (as flake8 does with its own checkers). Discovery reads only package metadata
 (names, targets, the providing distribution's name, version and summary);
 ``load_task`` / ``load_command`` import exactly one plugin. A recipe may also name
 an uninstalled local plugin as ``task: package.module:ClassName``.
+
+A recipe entry point ``NAME = package.sub:stem`` names the YAML file ``stem.yaml`` in the
+folder ``sub`` of the installed package ``package`` (package data); it is located
+without importing the package.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata as md
+import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable
 
 import click
@@ -21,6 +28,7 @@ from tk.core.errors import TkError
 
 GROUP = "tk.tasks"
 COMMANDS_GROUP = "tk.commands"
+RECIPES_GROUP = "tk.recipes"
 
 
 @dataclass
@@ -89,6 +97,42 @@ def available_tasks(entry_points: Iterable[md.EntryPoint] | None = None) -> list
 def discover_commands(entry_points: Iterable[md.EntryPoint] | None = None) -> dict[str, PluginEntry]:
     """The plugin commands of the ``tk.commands`` group, by name (metadata only)."""
     return discover(entry_points, COMMANDS_GROUP)
+
+
+def discover_recipes(entry_points: Iterable[md.EntryPoint] | None = None) -> dict[str, PluginEntry]:
+    """The recipes plugins ship (``tk.recipes`` group), by name (metadata only)."""
+    return discover(entry_points, RECIPES_GROUP)
+
+
+def recipe_file(entry: PluginEntry) -> Path:
+    """The YAML file of a ``tk.recipes`` entry ``package.sub:stem`` -> ``<package>/sub/stem.yaml``.
+
+    Only the top-level package is looked up (``importlib.util.find_spec``), never imported.
+
+    Raises:
+        TkError: a name claimed twice, a malformed value, the package is not installed,
+            or the file is missing; each names the distribution.
+    """
+    origin = f"recipe {entry.name!r} (entry point {entry.value!r} of {entry.distribution or 'an unknown distribution'})"
+    if entry.conflicts:
+        raise TkError(f"recipe name {entry.name!r} is claimed by {entry.claimants}; uninstall or rename one of them")
+    module, sep, stem = entry.value.partition(":")
+    parts = module.strip().split(".")
+    if not sep or not stem.strip() or not all(p.isidentifier() for p in parts):
+        raise TkError(f"{origin}: the value must be `package.folder:stem` (the file package/folder/stem.yaml)")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise TkError(f"{origin}: package {parts[0]!r} is not installed as a package folder; reinstall the distribution")
+    for location in locations:
+        path = Path(location).joinpath(*parts[1:], stem.strip() + ".yaml")
+        if path.is_file():
+            return path
+    raise TkError(f"{origin}: {Path(locations[0]).joinpath(*parts[1:], stem.strip() + '.yaml')} does not exist; "
+                  f"ship it as package data of {parts[0]!r}")
 
 
 def _check_task_class(obj: object, origin: str) -> type:
