@@ -203,3 +203,27 @@ def test_media_go_to_the_run_dir_and_tensorboard(tmp_path):
     (event,) = acc.Images("val/samples")
     assert event.step == 7 and (event.width, event.height) == (12, 8)
     assert "val/translations/text_summary" in acc.Tags()["tensors"]
+
+
+@pytest.mark.slow
+def test_image_plugin_logs_a_grid_of_validation_images(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tk.plugins.image_classification.samples import CAPTION, TILE
+
+    run_dir = tmp_path / "qs"
+    result = invoke("run", "quickstart", f"output_dir={run_dir}", "data.num_train=64", "data.num_val=32",
+                    "model.depth=1", "model.dim=32", "train.max_steps=2", "train.eval_every=1", "train.batch_size=8",
+                    "train.eval_batch_size=16", "train.progress=false", "train.loggers=[tensorboard]")
+    assert result.exit_code == 0, result.output
+    grids = sorted(p.name for p in (run_dir / "media").iterdir())
+    assert grids == ["val_samples_step_00000001.png", "val_samples_step_00000002.png"]  # each evaluation
+    from PIL import Image as PILImage
+
+    grid = PILImage.open(run_dir / "media" / grids[-1])
+    assert grid.size == (8 * TILE, 2 * (TILE + CAPTION))  # 16 images, 8 per row
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Images("val/samples")] == [1, 2]
+    standalone = invoke("eval", run_dir)  # tk eval makes no media
+    assert standalone.exit_code == 0 and len(list((run_dir / "media").iterdir())) == 2
