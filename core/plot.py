@@ -175,18 +175,20 @@ class CurvesWriter:
     """Re-draws ``<run_dir>/curves.png`` after evaluations (``train.curves``).
 
     Drawing costs a fraction of a second, so a periodic evaluation redraws only when at
-    least ten times the last drawing's duration has passed since it (the picture costs
-    at most ~10% of the run's time); the final evaluation always redraws.
+    least ten times the last drawing's duration (at first: half a second, the import
+    included) has passed since it or since the run started: the picture costs at most
+    ~10% of the run's time, and a run of a few seconds (a test) draws once, at its final
+    evaluation, which always redraws.
     """
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        self._last: float | None = None
-        self._cost = 0.0
+        self._last = time.monotonic()
+        self._cost = 0.5
 
     def update(self, final: bool = False) -> None:
         start = time.monotonic()
-        if not final and self._last is not None and start - self._last < 10 * self._cost:
+        if not final and start - self._last < 10 * self._cost:
             return
         try:
             plot_runs([self.run_dir], output=self.run_dir / "curves.png")

@@ -85,7 +85,7 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
         state = "finished" if (run_dir / "model.safetensors").is_file() else "interrupted"
     elif state == "running" and _alive(status) is False:
         state = "interrupted"  # killed: its process is gone
-    step = status.get("step", last_step)
+    step = last_step if state == "running" else status.get("step", last_step)
     if state == "interrupted":
         step = last_ckpt if last_ckpt is not None else 0  # where --resume continues
     best_key = train.get("best_metric") or "val/loss"

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,11 @@ class RunLog:
         status = {"status": state, "step": step, "pid": os.getpid(), "host": socket.gethostname(),
                   "started": previous.get("started", now), "updated": now, **fields}
         tmp = path.with_name(f".{STATUS_FILE}.tmp")
-        tmp.write_text(json.dumps(status) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        try:
+            tmp.write_text(json.dumps(status) + "\n", encoding="utf-8")
+            tmp.replace(path)
+        except OSError as e:  # e.g. a full disk: the run's own error matters more
+            warnings.warn(f"could not write {path}: {e}", stacklevel=2)
 
 
 class ProgressBar:

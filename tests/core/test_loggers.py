@@ -227,3 +227,40 @@ def test_image_plugin_logs_a_grid_of_validation_images(tmp_path):
     assert [e.step for e in acc.Images("val/samples")] == [1, 2]
     standalone = invoke("eval", run_dir)  # tk eval makes no media
     assert standalone.exit_code == 0 and len(list((run_dir / "media").iterdir())) == 2
+
+
+def test_wandb_resume_keeps_the_run_id_and_sends_no_step_twice(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from tk.core.config import RunConfig, TrainConfig
+    from tk.core.engine.loggers import WandbLogger
+
+    sent, inits = [], []
+
+    class FakeRun:
+        def __init__(self, **kwargs):
+            inits.append(kwargs)
+            self.id = kwargs["id"]
+
+        def log(self, values, step):
+            sent.append((step, values))
+
+        def finish(self):
+            pass
+
+    fake = SimpleNamespace(init=lambda **kw: FakeRun(**kw), Settings=lambda **kw: kw, Image=None, Html=None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = RunConfig("toy", {}, None, None, TrainConfig(loggers=["wandb"], wandb_project="p"), str(tmp_path))
+    cfg.to_dict = lambda: {"task": "toy"}
+    first = WandbLogger(cfg, tmp_path)
+    for step in range(1, 11):  # killed at step 10; its last checkpoint was step 6
+        first.log({"step": step, "split": "train", "loss": 1.0})
+    resumed = WandbLogger(cfg, tmp_path, resumed_at=6)
+    for step in range(7, 13):
+        resumed.log({"step": step, "split": "train", "loss": 2.0})
+    assert inits[1]["id"] == inits[0]["id"] and inits[1]["resume"] == "allow" and inits[0]["project"] == "p"
+    assert inits[0]["config"] == {"task": "toy"}
+    assert [s for s, _ in sent] == list(range(1, 13))  # 7..10 not sent again
+    assert sent[-1] == (12, {"train/loss": 2.0})
+    WandbLogger(cfg, tmp_path)  # a fresh run (no resume) gets a new id
+    assert inits[2]["id"] != inits[0]["id"]
