@@ -20,7 +20,7 @@ from typing import Any
 from tk.core.engine.loggers import read_records, scalars
 from tk.core.errors import TkError
 
-__all__ = ["X_AXES", "RunSeries", "load_series", "default_metrics", "smooth", "plot_runs", "CurvesWriter"]
+__all__ = ["X_AXES", "RunSeries", "load_series", "default_metrics", "smoothing_weight", "smooth", "plot_runs", "CurvesWriter"]
 
 # --x choice -> (the record field it reads, the axis label)
 X_AXES = {"step": ("step", "step (optimizer updates)"), "epoch": ("epoch", "epoch"),
@@ -78,8 +78,17 @@ def _val_order(metric: str) -> tuple[int, str]:
     return (0 if metric == "val/loss" else 1, metric)
 
 
-def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:
-    """Debiased exponential moving average (TensorBoard's smoothing); NaNs are skipped."""
+def smoothing_weight(points: int) -> float:
+    """The moving average's weight for a curve of ``points`` values: TensorBoard's 0.6,
+    less for short curves (the average spans about a tenth of the curve), whose points
+    are already means over ``train.log_every`` updates and would only lag behind."""
+    return min(SMOOTHING, max(0.0, 1.0 - 10.0 / max(points, 1)))
+
+
+def smooth(values: list[float], weight: float | None = None) -> list[float]:
+    """Debiased exponential moving average (TensorBoard's smoothing); NaNs are skipped.
+    ``weight`` None: :func:`smoothing_weight` of the curve's length."""
+    weight = smoothing_weight(len(values)) if weight is None else weight
     out, last, count = [], 0.0, 0
     for v in values:
         if not math.isfinite(v):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from tk.core.cli import cli
 from tk.core.errors import TkError
-from tk.core.plot import plot_runs, smooth
+from tk.core.plot import plot_runs, smooth, smoothing_weight
 
 from ..conftest import TOY_PLUGIN, TOY_RECIPE, make_distribution
 
@@ -42,7 +42,10 @@ def records(run_dir, split):
 
 def test_smoothing_is_the_debiased_moving_average():
     assert smooth([1.0, 2.0], weight=0.6) == pytest.approx([1.0, (0.4 * 0.6 + 0.4 * 2.0) / (1 - 0.36)])
-    assert smooth([3.0, 3.0, 3.0]) == pytest.approx([3.0, 3.0, 3.0])  # no bias towards 0 at the start
+    assert smooth([3.0, 3.0, 3.0], weight=0.9) == pytest.approx([3.0, 3.0, 3.0])  # no bias towards 0 at the start
+    assert smoothing_weight(1000) == 0.6 and smoothing_weight(20) == pytest.approx(0.5) and smoothing_weight(8) == 0
+    values = [float(v) for v in range(20)]
+    assert smooth(values) == pytest.approx(smooth(values, weight=0.5))
 
 
 def test_plot_two_runs_panels_and_lines(two_runs, tmp_path):
