@@ -381,8 +381,8 @@ def plot_cmd(runs: tuple[str, ...], metrics: str | None, x_axis: str, output: st
 
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     fig = plot_runs(list(runs), names, x_axis, output)
-    click.echo(f"wrote {output} ({len(fig.axes) - sum(not ax.get_visible() for ax in fig.axes)} panels, "
-               f"{len(runs)} run{'s' * (len(runs) > 1)})")
+    panels = sum(ax.get_visible() for ax in fig.axes)
+    click.echo(f"wrote {output} ({panels} panel{'s' * (panels > 1)}, {len(runs)} run{'s' * (len(runs) > 1)})")
 
 
 @cli.command("runs")

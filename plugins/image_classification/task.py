@@ -288,7 +288,7 @@ class ImageClassificationTask(Task):
         metrics: dict[str, Metric] = {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names)}
         if self.model_cfg.distilled or "distilled" in (self.model_cfg.timm or ""):
             metrics.update(head_cls=HeadAccuracy("cls"), head_dist=HeadAccuracy("dist"))
-        if ctx.kind != "standalone" and ctx.key_prefix == "val":  # the grid people look at, during training
+        if ctx is not None and ctx.kind != "standalone" and ctx.key_prefix == "val":  # the grid, during training
             metrics["samples"] = SampleGrid(self.class_names, *self.normalization)
         return metrics
 
