@@ -11,6 +11,7 @@ checkpoint). Runs from before ``status.json`` existed are judged by their files.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -104,7 +105,7 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
 
 def best_of(records: list[dict[str, Any]], metric: str, mode: str) -> tuple[int, float] | None:
     """(step, value) of the best ``metric`` (logger name) in ``records``; None if never logged."""
-    points = [(r["step"], v) for r in records for k, v in scalars(r).items() if k == metric and v == v]
+    points = [(r["step"], v) for r in records for k, v in scalars(r).items() if k == metric and not math.isnan(v)]
     if not points:
         return None
     return min(points, key=lambda p: p[1]) if mode == "min" else max(points, key=lambda p: p[1])
