@@ -58,7 +58,11 @@ setup(
         "numpy>=1.24",
         "matplotlib>=3.7",
     ],
-    extras_require={"test": ["pytest>=7.4", "transformers>=4.40"]},
+    extras_require={
+        "test": ["pytest>=7.4", "transformers>=4.40"],
+        "tensorboard": ["tensorboard>=2.14"],  # train.loggers: [tensorboard]
+        "wandb": ["wandb>=0.17"],  # train.loggers: [wandb]
+    },
     entry_points={
         "console_scripts": ["tk = tk.core.cli:main"],
         "tk.tasks": [

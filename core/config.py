@@ -11,11 +11,12 @@ import difflib
 import math
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
 
+from tk.core.engine.loggers import check_loggers
 from tk.core.engine.optim import OptimConfig
 from tk.core.engine.schedule import ScheduleConfig
 from tk.core.errors import TkError
@@ -52,6 +53,11 @@ class TrainConfig:
     overfit_batches: int | None = None  # sanity mode: train on these N fixed batches only; None = off
     early_stopping_patience: int | None = None  # stop after N evaluations without a better best_metric
     compile: bool = False  # torch.compile the model for training (evaluation stays eager)
+    loggers: list[Literal["jsonl", "csv", "tensorboard", "wandb"]] = field(
+        default_factory=lambda: ["jsonl", "csv"])  # where scalars go: jsonl (always written), csv, tensorboard, wandb (pip install tk[NAME])
+    wandb_project: str | None = None  # W&B project (loggers: [wandb]); null: "tk"
+    wandb_name: str | None = None  # W&B run name; null: the run dir's name
+    curves: bool = True  # write curves.png (the `tk plot` of this run) at evaluations
 
 
 @dataclass
@@ -303,4 +309,5 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
         problems.append(f"train.ema_decay: must be in [0, 1) (or null for no EMA), got {t.ema_decay}")
     if t.ema_warmup_steps < 0:
         problems.append(f"train.ema_warmup_steps: must be >= 0, got {t.ema_warmup_steps}")
+    problems += check_loggers(t.loggers)
     return problems

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ def metric_keys(task, ctx: EvalContext) -> list[str]:
 
 @torch.no_grad()
 def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precision, ctx: EvalContext,
-                    out_dir: Path | None = None) -> dict[str, float]:
+                    out_dir: Path | None = None, media: Callable[[list], None] | None = None) -> dict[str, float]:
     """Loss and the task's metrics over ``loader``, merged across processes.
 
     Args:
@@ -40,6 +41,8 @@ def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precis
         precision: a ``tk.core.engine.precision.Precision`` (autocast).
         ctx: which evaluation this is (split, step, periodic/final/stand-alone, prefix).
         out_dir: where metrics may write files (rank 0 only); None writes nothing.
+        media: receives the images/text of the metrics that define ``media(ctx)``
+            (``tk.core.engine.media``), on rank 0; None: none are made.
 
     Returns:
         ``{"<prefix>/loss": ..., "<prefix>/<metric key>": ...}``; the loss is per item.
@@ -66,5 +69,8 @@ def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precis
             metrics.write(out_dir, ctx)
         except OSError as e:  # a read-only or full run dir must not cost the computed metrics
             warnings.warn(f"could not write the evaluation files into {out_dir}: {e}", stacklevel=2)
+    if media is not None and is_main_process():
+        media([item for metric in metrics.metrics.values() if callable(getattr(metric, "media", None))
+               for item in metric.media(ctx)])
     model.train(was_training)
     return results

@@ -1,19 +1,26 @@
-"""What a run writes while it trains: ``train.log``, ``metrics.jsonl``, ``metrics.csv``
-and the console progress bar (main process only)."""
+"""What a run writes while it trains: ``train.log``, ``metrics.jsonl``, ``metrics.csv``,
+``status.json``, media and the console progress bar (main process only)."""
 
 from __future__ import annotations
 
-import csv
 import json
+import os
+import socket
 import time
+import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from tk.core.engine.loggers import CsvLogger, JsonlLogger, Logger
+from tk.core.engine.media import Media, write_media_file
 from tk.core.engine.summary import count_parameters, format_bytes
 
-__all__ = ["RunLog", "ProgressBar", "Throughput", "window_record", "train_line", "format_duration"]
+STATUS_FILE = "status.json"  # how the run ended (or that it is running): read by `tk runs`
+
+__all__ = ["STATUS_FILE", "RunLog", "ProgressBar", "Throughput", "window_record", "train_line", "format_duration"]
 
 
 def format_duration(seconds: float) -> str:
@@ -23,41 +30,38 @@ def format_duration(seconds: float) -> str:
 
 
 class RunLog:
-    """Writes ``train.log``, ``metrics.jsonl`` and ``metrics.csv`` in the run dir and
-    echoes human-readable lines to the console.
+    """Writes ``train.log``, ``metrics.jsonl`` (and ``metrics.csv``), ``status.json`` and
+    media in the run dir, passes every record to the run's other loggers
+    (``tk.core.engine.loggers``) and echoes human-readable lines to the console.
 
     ``metrics.jsonl`` is the record of truth (one JSON object per logged step or
-    evaluation). ``metrics.csv`` holds the same records as a table; its columns are the
-    union of all keys, so when a record brings a new key the CSV is rebuilt from the
-    JSONL (rare: train and eval keys settle after the first evaluation).
+    evaluation); it is always written.
 
     Args:
         run_dir: the run directory (None: log to the console only).
         enabled: False on non-main processes: write and print nothing.
+        csv: also write ``metrics.csv`` (``csv`` in ``train.loggers``).
     """
 
-    def __init__(self, run_dir: Path | None, enabled: bool = True) -> None:
+    def __init__(self, run_dir: Path | None, enabled: bool = True, csv: bool = True) -> None:
         self.enabled = enabled
         self.run_dir = Path(run_dir) if (run_dir is not None and enabled) else None
         self._bar: ProgressBar | None = None
-        self._fields: list[str] = []
+        self.loggers: list[Logger] = []
+        self._jsonl: JsonlLogger | None = None
+        self._csv: CsvLogger | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.run_dir is not None and self.csv_path.is_file():
-            with open(self.csv_path, newline="", encoding="utf-8") as f:
-                self._fields = next(csv.reader(f), [])
-
-    @property
-    def jsonl_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
-
-    @property
-    def csv_path(self) -> Path:
-        return self.run_dir / "metrics.csv"
+            self._jsonl = JsonlLogger(self.run_dir / "metrics.jsonl")
+            self._csv = CsvLogger(self.run_dir / "metrics.csv", self._jsonl.records) if csv else None
 
     def attach_bar(self, bar: ProgressBar | None) -> None:
         """Route console lines through ``bar`` so they do not break it."""
         self._bar = bar
+
+    def add_loggers(self, loggers: list[Logger]) -> None:
+        """Send every later record and media item to ``loggers`` too (closed by :meth:`close`)."""
+        self.loggers += loggers
 
     def echo(self, message: str, console: bool = True) -> None:
         """Append ``message`` to ``train.log``; print it unless ``console`` is False."""
@@ -73,48 +77,66 @@ class RunLog:
                 f.write(message + "\n")
 
     def metrics(self, record: dict[str, Any]) -> None:
-        """Append one record to ``metrics.jsonl`` and ``metrics.csv``."""
-        if self.run_dir is None:
+        """Append one record to ``metrics.jsonl`` (and ``metrics.csv``); pass it to every logger."""
+        if self._jsonl is None:
             return
-        with open(self.jsonl_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        new = [k for k in record if k not in self._fields]
-        if new:
-            self._fields += new
-            self._rewrite_csv()
+        for logger in (self._jsonl, self._csv, *self.loggers):
+            if logger is not None:
+                logger.log(record)
+
+    def media(self, items: list[Media], step: int) -> None:
+        """Write images/text of an evaluation under ``media/`` and pass them to every logger."""
+        if self.run_dir is None or not items:
             return
-        with open(self.csv_path, "a", newline="", encoding="utf-8") as f:
-            csv.DictWriter(f, fieldnames=self._fields, restval="").writerow(record)
+        for item in items:
+            write_media_file(self.run_dir, item, step)
+        for logger in self.loggers:
+            logger.media(items, step)
+
+    def flush(self) -> None:
+        """Flush the loggers' buffers (before a checkpoint: what it covers is then on disk)."""
+        for logger in self.loggers:
+            logger.flush()
+
+    def close(self) -> None:
+        """Close the loggers opened by :meth:`add_loggers`."""
+        loggers, self.loggers = self.loggers, []
+        for logger in loggers:
+            logger.close()
 
     def records(self) -> list[dict[str, Any]]:
         """All records of ``metrics.jsonl`` (a torn last line, from a killed process, is skipped)."""
-        if self.run_dir is None or not self.jsonl_path.is_file():
-            return []
-        out = []
-        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        return self._jsonl.records() if self._jsonl is not None else []
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after ``step``: on resume from the checkpoint of
         ``step``, a killed run's later records would otherwise appear twice."""
-        if self.run_dir is None or not self.jsonl_path.is_file():
+        if self._jsonl is None or not self._jsonl.path.is_file():
             return
-        kept = [r for r in self.records() if r.get("step", 0) <= step]
-        self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        self._fields = []
-        for r in kept:
-            self._fields += [k for k in r if k not in self._fields]
-        self._rewrite_csv()
+        kept = self._jsonl.truncate_after(step)
+        if self._csv is not None:
+            self._csv.rewrite(kept, reset_fields=True)
 
-    def _rewrite_csv(self) -> None:
-        with open(self.csv_path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=self._fields, restval="")
-            writer.writeheader()
-            writer.writerows(self.records())
+    def status(self, state: str, step: int, **fields: Any) -> None:
+        """Write ``status.json``: ``running``, ``finished``, ``interrupted`` or ``failed``
+        at ``step``, with this process's id and host (``tk runs`` tells a killed run from
+        a running one by them) and ``fields`` (e.g. ``error``, ``total_steps``)."""
+        if self.run_dir is None:
+            return
+        path = self.run_dir / STATUS_FILE
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            previous = {}
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        status = {"status": state, "step": step, "pid": os.getpid(), "host": socket.gethostname(),
+                  "started": previous.get("started", now), "updated": now, **fields}
+        tmp = path.with_name(f".{STATUS_FILE}.tmp")
+        try:
+            tmp.write_text(json.dumps(status) + "\n", encoding="utf-8")
+            tmp.replace(path)
+        except OSError as e:  # e.g. a full disk: the run's own error matters more
+            warnings.warn(f"could not write {path}: {e}", stacklevel=2)
 
 
 class ProgressBar:

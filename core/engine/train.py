@@ -41,6 +41,7 @@ from tk.core.engine.distributed import agreed_log_keys, all_reduce_sum, float64_
 from tk.core.engine.ema import ModelEMA
 from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.export import export_safetensors
+from tk.core.engine.loggers import open_loggers
 from tk.core.engine.optim import build_optimizer
 from tk.core.engine.precision import Precision
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, window_record
@@ -48,6 +49,7 @@ from tk.core.engine.schedule import build_scheduler
 from tk.core.engine.signals import TrainingInterrupted, stop_signals
 from tk.core.engine.summary import ActivationMeter, format_bytes
 from tk.core.errors import TkError
+from tk.core.plot import CurvesWriter
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 
@@ -74,7 +76,7 @@ class Trainer:
         self.is_main = self.rank == 0
         self.device = dist.device if dist else resolve_device(t.device)
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.log = RunLog(self.run_dir, enabled=self.is_main)
+        self.log = RunLog(self.run_dir, enabled=self.is_main, csv="csv" in t.loggers)
         seed_everything(t.seed + self.rank, t.deterministic)
         self.precision = Precision(t.precision, self.device)
 
@@ -107,7 +109,10 @@ class Trainer:
         # progress (all of it goes into checkpoints)
         self.step = 0  # optimizer updates done (skipped ones included)
         self.progress = {"best_value": None, "best_step": None, "evals_since_best": 0, "bad_steps": 0,
-                         "skipped_steps": 0, "evaluations": 0}
+                         "skipped_steps": 0, "evaluations": 0, "items_seen": 0.0, "wall_time": 0.0}
+        self._clock: tuple[float, float] | None = None  # (monotonic time, wall_time) when fit() started
+        self._resumed_at: int | None = None  # the step a resumed run continues from
+        self._curves = CurvesWriter(self.run_dir) if self.run_dir is not None and self.is_main and t.curves else None
         self._signal_received = 0  # set by the SIGINT/SIGTERM handler
         self._stop_signal = 0  # the signal every process agreed to stop on
         self._saved_step = -1
@@ -197,6 +202,7 @@ class Trainer:
         synced = iter(update.extras)
         items, stop, *values = [next(synced) if torch.is_tensor(v) else v for v in numbers]
         items = max(float(items), 1.0)
+        self.progress["items_seen"] += items
         if stop:
             self._stop_signal = self._signal_received or signal.SIGTERM
         if update.took_step:
@@ -247,7 +253,7 @@ class Trainer:
             loader = self.val_loader if split == "val" else \
                 split_loader(self.task, split, self.tcfg, False, self.rank, self.world_size, self.device)
             return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision, ctx,
-                                   out_dir)
+                                   out_dir, media=lambda items: self.log.media(items, self.step))
 
     def _evaluate_and_track(self) -> tuple[dict[str, float], float]:
         """Evaluate raw (and EMA) weights; update best value and early-stopping count."""
@@ -268,7 +274,9 @@ class Trainer:
         else:
             p["evals_since_best"] += 1
         epoch = self.step / self.steps_per_epoch if self.steps_per_epoch else None  # None: no epochs
-        self.log.metrics({"step": self.step, "epoch": epoch, "split": "val", **results})
+        self.log.metrics({"step": self.step, "epoch": epoch, "split": "val", **results, "time": self._wall_time()})
+        if self._curves is not None:
+            self._curves.update(final=kind == "final")
         shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
         self.log.echo(f"step {self.step}/{self.total_steps}  {shown}" + ("  (best)" if improved else ""))
         return results, value
@@ -281,7 +289,8 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "precision": self.precision.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
-            "step": self.step, "data": self.batches.state_dict(), "progress": dict(self.progress),
+            "step": self.step, "data": self.batches.state_dict(),
+            "progress": {**self.progress, "wall_time": self._wall_time()},
             "rng": rng, "world_size": self.world_size,
             "config": self.cfg.to_dict(), "task": self.cfg.task, "task_state": self.task.state_dict(),
         }
@@ -326,12 +335,14 @@ class Trainer:
             if abandoned is not None:
                 self.log.echo(f"resuming from step {self.step}: the later checkpoints moved to {abandoned}")
         self.log.truncate_after(self.step)
+        self._resumed_at = self.step
         self.log.echo(f"resumed from {path} at step {self.step}")
 
     def save_checkpoint(self, metric: float | None = None) -> Path | None:
         """Save the state as the checkpoint of the current step (rank 0 writes; every
         process must call it). ``metric`` competes for ``best.pt``."""
         state = self.state_dict()
+        self.log.flush()  # the loggers' buffers: what the checkpoint covers survives a kill
         path = None if self.checkpoints is None else \
             self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best_mode)
         self._saved_step = self.step
@@ -352,22 +363,41 @@ class Trainer:
         bar = ProgressBar(self.total_steps, self.step) if self.tcfg.progress and self.is_main else None
         self.log.attach_bar(bar)
         try:
+            self._status("running")
+            if self.is_main and self.run_dir is not None:
+                self.log.add_loggers(open_loggers(self.cfg, self.run_dir, self._resumed_at))
+            self._clock = (time.monotonic(), self.progress["wall_time"])
             with stop_signals(self._on_signal, rearm=self.world_size == 1):
                 results = self._loop(bar)
+            if self.checkpoints is not None:
+                export_safetensors(self.model, self.run_dir / "model.safetensors")
+                if self.ema is not None:
+                    export_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
         except TrainingInterrupted:
+            self._status("interrupted")
             raise
-        except Exception:
+        except Exception as e:
             self._save_after_failure()
+            self._status("failed", error=str(e) if isinstance(e, TkError) else f"{type(e).__name__}: {e}")
             raise
         finally:
             if bar is not None:
                 bar.close()
             self.log.attach_bar(None)
-        if self.checkpoints is not None:
-            export_safetensors(self.model, self.run_dir / "model.safetensors")
-            if self.ema is not None:
-                export_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
+            self.log.close()
+        self._status("finished")
         return results
+
+    def _status(self, state: str, **fields: Any) -> None:
+        """``status.json`` (rank 0): how far the run got and how it ended, for ``tk runs``."""
+        self.log.status(state, self.step, total_steps=self.total_steps, task=self.cfg.task,
+                        recipe=self.cfg.name or self.cfg.source, **fields)
+
+    def _wall_time(self) -> float:
+        """Training wall-clock seconds of the run, resumed sessions added up."""
+        if self._clock is None:
+            return self.progress["wall_time"]
+        return round(self._clock[1] + time.monotonic() - self._clock[0], 3)
 
     def _loop(self, bar: ProgressBar | None) -> dict[str, float]:
         results: dict[str, float] = {}
@@ -434,6 +464,7 @@ class Trainer:
                   **window_record(window, clock)}
         eta = (self.total_steps - self.step) * record.pop("_seconds_per_step")
         record.update(self.precision.log_record())
+        record.update(items_seen=self.progress["items_seen"], time=self._wall_time())
         self.log.metrics(record)
         self.log.echo(train_line(record, self.total_steps, eta), console=bar is None)
         if bar is not None:

@@ -25,6 +25,7 @@ from tk.plugins.image_classification.metrics import ConfusionMatrix, HeadAccurac
 from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
 from tk.plugins.image_classification.model import ModelConfig, both_heads, build_classifier, check_model, is_distilled
 from tk.plugins.image_classification.predict import PredictConfig
+from tk.plugins.image_classification.samples import SampleGrid
 from tk.plugins.image_classification.pretrained import load_pretrained_timm, load_pretrained_vit, vit_layer_id_fn
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
@@ -302,6 +303,8 @@ class ImageClassificationTask(Task):
         metrics: dict[str, Metric] = {"accuracy": Accuracy(topk=topk), "per_class": ConfusionMatrix(self.class_names)}
         if self.model_cfg.distilled or "distilled" in (self.model_cfg.timm or ""):
             metrics.update(head_cls=HeadAccuracy("cls"), head_dist=HeadAccuracy("dist"))
+        if ctx is not None and ctx.kind != "standalone" and ctx.key_prefix == "val":  # the grid, during training
+            metrics["samples"] = SampleGrid(self.class_names, *self.normalization)
         return metrics
 
     # -- inference ---------------------------------------------------------------------
