@@ -52,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "main_process_first": "engine.distributed", "is_main_process": "engine.distributed",
     # prediction, plugin discovery, config docs
     "predict_run": "engine.inference", "discover_commands": "registry", "field_docs": "docs",
+    # media a metric logs at evaluations (images, text) through every logger
+    "Image": "engine.media", "Text": "engine.media",
 }
 
 __all__ = sorted(_EXPORTS)
