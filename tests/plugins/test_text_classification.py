@@ -292,3 +292,27 @@ def test_multi_label_learns_and_predicts_label_sets(tmp_path):
     write_tsv(val, [("a soup", "food|wine")])
     with pytest.raises(TkError, match=r"dev\.tsv:2: label 'wine' is not among"):
         task.build_dataset("val")
+
+
+def test_bpe_tokenizer_on_text_pairs_end_to_end(tmp_path):
+    rows = [(t, u, "same" if (y == "positive") == (v == "positive") else "differ")
+            for (t, y), (u, v) in zip(synthetic_rows(48, 0), synthetic_rows(48, 5))]
+    for name, part in (("train.tsv", rows), ("dev.tsv", rows[:12])):
+        (tmp_path / name).write_text("premise\thypothesis\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in part))
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.source=files",
+             f"data.train_file={tmp_path / 'train.tsv'}", f"data.val_file={tmp_path / 'dev.tsv'}",
+             "data.text_column=premise", "data.text_pair_column=hypothesis", "data.tokenizer=bpe",
+             "train.max_steps=2", *SMALL_RUN])
+    tok = json.loads((run_dir / "artifacts" / "tokenizer.json").read_text())
+    assert tok["model"]["type"] == "BPE"
+    task, model = load_run(run_dir, "last", [])
+    [item] = [task.build_dataset("val")[0]]
+    sep = task.tokenizer.token_to_id("[SEP]")
+    first_sep = item["input_ids"].index(sep)
+    assert set(item["token_types"][: first_sep + 1]) == {0} and set(item["token_types"][first_sep + 1:]) == {1}
+    result = run_cli(["predict", str(run_dir), "-"], input=f"{rows[0][0]}\t{rows[0][1]}\n")
+    [record] = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert record["label"] in ("same", "differ") and set(record["probs"]) == {"same", "differ"}
+    with pytest.raises(TkError, match="give the two texts separated by a tab"):
+        task.predict(model, ["only one text"])
