@@ -316,3 +316,16 @@ def test_bpe_tokenizer_on_text_pairs_end_to_end(tmp_path):
     assert record["label"] in ("same", "differ") and set(record["probs"]) == {"same", "differ"}
     with pytest.raises(TkError, match="give the two texts separated by a tab"):
         task.predict(model, ["only one text"])
+
+
+def test_multi_label_config_and_rows_errors(tmp_path):
+    from tk.plugins.text_classification.data import check_data
+
+    assert any("data.multi_label needs data.source" in p for p in check_data(DataConfig(multi_label=True)))
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\ngood\ta| b |a\nbad\t | \n")
+    d = DataConfig(source="files", train_file=str(tmp_path / "t.tsv"), val_file=str(tmp_path / "t.tsv"),
+                   multi_label=True, label_delimiter="|")
+    with pytest.raises(TkError, match=r"t\.tsv:3: no labels in 'label'"):
+        read_rows(d, "train")
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\ngood\ta| b |a\n")
+    assert read_rows(d, "train")[0][2] == ("a", "b")  # stripped, distinct, sorted
