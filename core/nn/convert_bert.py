@@ -39,7 +39,7 @@ import torch
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
 
-__all__ = ["bert_config", "bert_state_dict", "read_bert_config", "load_bert_weights", "resolve_pretrained_dir"]
+__all__ = ["bert_config", "bert_state_dict", "load_bert_weights", "read_bert_config", "resolve_pretrained_dir"]
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "owner/name"
@@ -147,7 +147,7 @@ def bert_state_dict(hf_state: dict[str, torch.Tensor], depth: int) -> dict[str, 
     Raises:
         TkError: a tensor the encoder needs is missing, named.
     """
-    sd = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in hf_state.items()}
+    sd = {k.removeprefix("bert."): v for k, v in hf_state.items()}
 
     def take(name: str) -> torch.Tensor:
         if name not in sd:

@@ -7,7 +7,7 @@ written into the cells of a small matrix.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

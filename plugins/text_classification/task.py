@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any, ClassVar, Mapping, Sequence
-
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +95,8 @@ class TextClassificationTask(Task):
             self.encoder_spec = json.loads(self.files.read_text(ENCODER_FILE))
         if self.labels is None:
             self._train_rows = read_rows(self.data, "train")
-            seen = {lab for r in self._train_rows for lab in r[2]} if self.multi_label else {r[2] for r in self._train_rows}
+            rows = self._train_rows
+            seen = {lab for r in rows for lab in r[2]} if self.multi_label else {r[2] for r in rows}
             self.labels = sorted(seen, key=_label_key)
             if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
@@ -241,7 +242,7 @@ class TextClassificationTask(Task):
         names = [str(lab) for lab in self.labels]
         if self.multi_label:
             t = self.model_cfg.threshold
-            return [{"labels": [lab for lab, q in zip(self.labels, p.tolist()) if q > t], "probs": dict(zip(names, p.tolist()))}
-                    for p in logits.sigmoid()]
+            return [{"labels": [lab for lab, q in zip(self.labels, p.tolist()) if q > t],
+                     "probs": dict(zip(names, p.tolist()))} for p in logits.sigmoid()]
         probs = logits.softmax(-1)
         return [{"label": self.labels[int(p.argmax())], "probs": dict(zip(names, p.tolist()))} for p in probs]

@@ -44,7 +44,7 @@ def test_mean_and_max_pooling_ignore_pad():
 
 def test_truncation_is_counted():
     tok = train_tokenizer(["a b c d e f g h"] * 10, "wordpiece", 40, True)
-    ids, types, cut = encode(tok, ["a b", "a b c d e f g h", "a b c d"], None, max_len=5)
+    ids, _, cut = encode(tok, ["a b", "a b c d e f g h", "a b c d"], None, max_len=5)
     assert cut == 2  # 10 and 6 tokens with [CLS]/[SEP] exceed 5; 4 does not
     assert [len(i) for i in ids] == [4, 5, 5]
     assert ids[1][0] == tok.token_to_id("[CLS]") and ids[1][-1] == tok.token_to_id("[SEP]")
