@@ -46,6 +46,6 @@ def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: s
             for j in range(C):
                 ax.text(j, i, str(int(matrix[i, j])), ha="center", va="center", fontsize=8,
                         color="white" if rates[i, j] > 0.5 else "black")
-    ax.set_title(f"confusion matrix (row-normalised), {int(matrix.sum())} examples")
+    ax.set_title(f"confusion matrix (row-normalised), {int(matrix.sum())} examples", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
