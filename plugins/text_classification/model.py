@@ -20,7 +20,7 @@ class ModelConfig(TransformerConfig):
     depth: int = 2  # encoder layers
     num_heads: int = 4  # attention heads
     mlp_ratio: float = 2.0  # feed-forward width / dim
-    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # must stay "learned"
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # learned (BERT), rotary or none
     pooling: Literal["cls", "mean", "max"] = "cls"  # sentence vector: [CLS] state, or mean/max over non-PAD
     head_dropout: float = 0.1  # dropout before the classification layer
     pretrained_dir: str | None = None  # HF BERT-family folder to fine-tune (its shape and tokenizer replace these)
@@ -31,8 +31,8 @@ class ModelConfig(TransformerConfig):
         problems = super().check(prefix)
         if self.pooling not in TEXT_POOLINGS:
             problems.append(f"{prefix}.pooling ({self.pooling!r}) must be one of {', '.join(TEXT_POOLINGS)}")
-        if self.pos_encoding != "learned":
-            problems.append(f"{prefix}.pos_encoding ({self.pos_encoding!r}) must be 'learned' (BERT layout)")
+        if self.pos_encoding not in ("learned", "rotary", "none"):
+            problems.append(f"{prefix}.pos_encoding ({self.pos_encoding!r}) must be learned (BERT), rotary or none")
         if not 0.0 <= self.head_dropout < 1.0:
             problems.append(f"{prefix}.head_dropout ({self.head_dropout}) must be in [0, 1)")
         if not self.encoder_lr_scale > 0:

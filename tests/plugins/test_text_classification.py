@@ -329,3 +329,17 @@ def test_multi_label_config_and_rows_errors(tmp_path):
         read_rows(d, "train")
     (tmp_path / "t.tsv").write_text("sentence\tlabel\ngood\ta| b |a\n")
     assert read_rows(d, "train")[0][2] == ("a", "b")  # stripped, distinct, sorted
+
+
+def test_rotary_and_no_position_encoders():
+    torch.manual_seed(0)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for how in ("rotary", "none"):
+        cfg = TransformerConfig(dim=16, depth=1, num_heads=2, dropout=0.0, max_len=12, pos_encoding=how)
+        enc = TextEncoder(cfg, 30).eval()
+        assert enc.pos_embed is None and not any("pos_embed" in n for n, _ in enc.named_parameters())
+        padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1)
+        torch.testing.assert_close(enc(padded)[:, :4], enc(ids), atol=1e-5, rtol=1e-5)  # PAD changes nothing
+        swapped = enc(ids[:, [1, 0, 2, 3]])
+        order_blind = torch.allclose(swapped[0, 0], enc(ids)[0, 1], atol=1e-5)
+        assert order_blind == (how == "none")  # without positions, a permutation only permutes the states
