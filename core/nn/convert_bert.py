@@ -21,11 +21,16 @@ Hugging Face ``BertModel``                              core ``TextEncoder``
 BERT is post-norm with exact GELU, learned absolute positions, token types and an
 embedding LayerNorm; the pooler is dropped. Config options the core encoder does not
 implement (e.g. ``position_embedding_type`` other than ``absolute``) raise naming them.
+
+:func:`resolve_pretrained_dir` turns a Hugging Face hub id (e.g.
+``sentence-transformers/all-MiniLM-L6-v2``) into a local folder with
+``huggingface_hub.snapshot_download`` when no folder of that name exists.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +39,40 @@ import torch
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
 
-__all__ = ["bert_config", "bert_state_dict", "read_bert_config", "load_bert_weights"]
+__all__ = ["bert_config", "bert_state_dict", "load_bert_weights", "read_bert_config", "resolve_pretrained_dir"]
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "owner/name"
+# what the converter and the tokenizer loader read (not the TF/ONNX/Flax copies a hub repo may hold)
+_HUB_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json",
+              "vocab.txt"]
+
+
+def resolve_pretrained_dir(spec: str | Path) -> Path:
+    """A local checkpoint folder for ``spec``: the path itself when it exists, else (a hub id
+    such as ``owner/name``) the folder ``huggingface_hub.snapshot_download`` fetches it into.
+
+    Raises:
+        TkError: neither a folder on disk nor a hub id, or the download fails (offline, no such
+            repository), named.
+    """
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    if not _HUB_ID.fullmatch(str(spec)):
+        raise TkError(f"model.pretrained_dir: {path} does not exist; point it at a Hugging Face model folder "
+                      f"or give a hub id such as 'sentence-transformers/all-MiniLM-L6-v2'")
+    try:
+        import huggingface_hub  # lazy: only a hub id needs it (installed with datasets)
+    except ImportError as e:
+        raise TkError(f"model.pretrained_dir: {spec!r} is not a folder on disk, and huggingface_hub (to download "
+                      f"it as a hub id) is not installed; pip install huggingface_hub, or give a local folder") from e
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id=str(spec), allow_patterns=_HUB_FILES))
+    except Exception as e:  # the hub client raises many kinds (offline, missing repo, auth)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TkError(f"model.pretrained_dir: {spec!r} is not a folder on disk, and downloading it from the "
+                      f"Hugging Face hub failed: {first}") from e
 
 
 def read_bert_config(folder: str | Path) -> dict[str, Any]:
@@ -111,7 +147,7 @@ def bert_state_dict(hf_state: dict[str, torch.Tensor], depth: int) -> dict[str, 
     Raises:
         TkError: a tensor the encoder needs is missing, named.
     """
-    sd = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in hf_state.items()}
+    sd = {k.removeprefix("bert."): v for k, v in hf_state.items()}
 
     def take(name: str) -> torch.Tensor:
         if name not in sd:

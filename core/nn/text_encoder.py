@@ -48,8 +48,10 @@ def pool(hidden: Tensor, key_padding_mask: Tensor | None, how: Literal["cls", "m
 class TextEncoder(nn.Module):
     """Token ids -> contextual states, BERT layout (embeddings summed, then norm and dropout).
 
-    Positions are always learned (``cfg.max_len`` of them); ``cfg.pos_encoding`` is not read.
-    Parameter names: ``tok_embed``, ``pos_embed``, ``type_embed`` (absent with
+    Positions are learned (``cfg.max_len`` of them, BERT), except with ``cfg.pos_encoding``
+    ``"rotary"`` (the encoder's attention rotates queries and keys: relative positions, no
+    ``pos_embed``) or ``"none"`` (no position information); ``"sinusoidal"`` also means learned.
+    Parameter names: ``tok_embed``, ``pos_embed`` (learned only), ``type_embed`` (absent with
     ``type_vocab_size=0``), ``embed_norm``, ``encoder.*``.
 
     Args:
@@ -65,7 +67,8 @@ class TextEncoder(nn.Module):
         cfg.validate()
         self.cfg, self.pad_id = cfg, pad_id
         self.tok_embed = nn.Embedding(vocab_size, cfg.dim, padding_idx=pad_id)
-        self.pos_embed = nn.Embedding(cfg.max_len, cfg.dim)
+        learned = cfg.pos_encoding not in ("rotary", "none")
+        self.pos_embed = nn.Embedding(cfg.max_len, cfg.dim) if learned else None
         self.type_embed = nn.Embedding(type_vocab_size, cfg.dim) if type_vocab_size > 0 else None
         self.embed_norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
         self.embed_drop = nn.Dropout(cfg.dropout)
@@ -108,7 +111,9 @@ class TextEncoder(nn.Module):
             raise ValueError(f"sequence length {T} exceeds max_len {self.cfg.max_len}; truncate the input")
         if key_padding_mask is None:
             key_padding_mask = self.padding_mask(tokens)
-        x = self.tok_embed(tokens) + self.pos_embed(torch.arange(T, device=tokens.device))
+        x = self.tok_embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(T, device=tokens.device))
         if self.type_embed is not None:
             types = torch.zeros_like(tokens) if token_types is None else token_types
             x = x + self.type_embed(types)

@@ -15,6 +15,7 @@ from tk.core.errors import TkError
 from tk.plugins.text_classification.synthetic import synthetic_rows
 
 Row = tuple[str, "str | None", Any, str]  # (text, text pair or None, label, "file:line" where it came from)
+# multi-label rows hold a tuple of labels (sorted, distinct) in the label slot
 
 
 @dataclass
@@ -29,6 +30,8 @@ class DataConfig:
     text_column: str = "sentence"  # column/key of the text (GLUE SST-2: sentence)
     text_pair_column: str | None = None  # column of the second text of a pair (e.g. MRPC sentence2); null = single
     label_column: str = "label"  # column/key of the label (strings or integers)
+    multi_label: bool = False  # each row has a set of labels (sigmoid + BCE); see label_delimiter
+    label_delimiter: str = ","  # multi_label: separator of the labels in the label column (JSONL may give a list)
     hf_name: str | None = None  # hf: datasets.load_dataset name, e.g. "glue" (or "csv" with hf_data_files)
     hf_config: str | None = None  # hf: its config, e.g. "sst2"
     hf_data_files: dict[str, str] | None = None  # hf: split -> local file, for load_dataset("csv"/"json", ...)
@@ -53,6 +56,10 @@ def check_data(d: DataConfig) -> list[str]:
         problems.append(f"data.num_train ({d.num_train}) and data.num_val ({d.num_val}) must be >= 1")
     if d.max_len < 4:
         problems.append(f"data.max_len ({d.max_len}) must be >= 4")
+    if d.multi_label and d.source == "synthetic":
+        problems.append("data.multi_label needs data.source 'files' or 'hf' (the synthetic corpus has one label a row)")
+    if d.multi_label and not d.label_delimiter:
+        problems.append("data.label_delimiter must be a non-empty separator (e.g. ',') with data.multi_label")
     if d.vocab_size < 16:
         problems.append(f"data.vocab_size ({d.vocab_size}) must be >= 16")
     return problems
@@ -116,8 +123,20 @@ def _row(rec: dict, d: DataConfig, where: str) -> Row:
                           f"data.text_column / data.label_column")
     label = rec[d.label_column]
     label = label.strip() if isinstance(label, str) else label
+    if d.multi_label:
+        label = _label_set(label, d, where)
     pair = str(rec[d.text_pair_column]) if d.text_pair_column else None
     return str(rec[d.text_column]), pair, label, where
+
+
+def _label_set(value: Any, d: DataConfig, where: str) -> tuple:
+    """A multi-label cell: ``"a,b"`` split on ``data.label_delimiter``, or a JSON list."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(d.label_delimiter)
+    labels = tuple(sorted({x.strip() if isinstance(x, str) else x for x in items} - {""}, key=str))
+    if not labels:
+        raise TkError(f"{where}: no labels in {d.label_column!r} ({value!r}); give at least one, separated by "
+                      f"data.label_delimiter ({d.label_delimiter!r})")
+    return labels
 
 
 def read_hf_rows(d: DataConfig, split: str) -> list[Row]:

@@ -20,22 +20,25 @@ class ModelConfig(TransformerConfig):
     depth: int = 2  # encoder layers
     num_heads: int = 4  # attention heads
     mlp_ratio: float = 2.0  # feed-forward width / dim
-    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # must stay "learned"
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # learned (BERT), rotary or none
     pooling: Literal["cls", "mean", "max"] = "cls"  # sentence vector: [CLS] state, or mean/max over non-PAD
     head_dropout: float = 0.1  # dropout before the classification layer
     pretrained_dir: str | None = None  # HF BERT-family folder to fine-tune (its shape and tokenizer replace these)
     encoder_lr_scale: float = 1.0  # encoder lr = optim.lr * this (e.g. 0.1 when fine-tuning); head: optim.lr
+    threshold: float = 0.5  # data.multi_label: a label is predicted when its sigmoid probability exceeds this
 
     def check(self, prefix: str = "model") -> list[str]:
         problems = super().check(prefix)
         if self.pooling not in TEXT_POOLINGS:
             problems.append(f"{prefix}.pooling ({self.pooling!r}) must be one of {', '.join(TEXT_POOLINGS)}")
-        if self.pos_encoding != "learned":
-            problems.append(f"{prefix}.pos_encoding ({self.pos_encoding!r}) must be 'learned' (BERT layout)")
+        if self.pos_encoding not in ("learned", "rotary", "none"):
+            problems.append(f"{prefix}.pos_encoding ({self.pos_encoding!r}) must be learned (BERT), rotary or none")
         if not 0.0 <= self.head_dropout < 1.0:
             problems.append(f"{prefix}.head_dropout ({self.head_dropout}) must be in [0, 1)")
         if not self.encoder_lr_scale > 0:
             problems.append(f"{prefix}.encoder_lr_scale ({self.encoder_lr_scale}) must be > 0")
+        if not 0.0 < self.threshold < 1.0:
+            problems.append(f"{prefix}.threshold ({self.threshold}) must be in (0, 1)")
         return problems
 
 
@@ -56,6 +59,17 @@ class TextClassifier(nn.Module):
         self.head = nn.Linear(encoder.cfg.dim, num_classes)
         nn.init.normal_(self.head.weight, std=0.02)
         nn.init.zeros_(self.head.bias)
+
+    def num_layers(self) -> int:
+        """Layer ids for ``optim.layer_decay``: embeddings 0, encoder layer i -> i + 1, the
+        encoder's final norm (pre-norm only) and the head (full lr) -> ``num_layers()`` = depth + 1."""
+        return self.encoder.num_layers()
+
+    def layer_id(self, name: str) -> int:
+        """Layer id of a parameter name (see :meth:`num_layers`)."""
+        if name.startswith("encoder."):
+            return self.encoder.layer_id(name[len("encoder."):])
+        return self.num_layers()
 
     def forward(self, input_ids: Tensor, token_types: Tensor | None = None) -> Tensor:
         """Args: input_ids (B, T) long, PAD = the encoder's ``pad_id``; token_types (B, T).

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import nn
 from torch.utils.data import Dataset
@@ -17,12 +20,12 @@ from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.config import TransformerConfig
-from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config
+from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config, resolve_pretrained_dir
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.text_classification.data import DataConfig, EncodedDataset, Row, check_data, read_rows
-from tk.plugins.text_classification.metrics import ClassificationMetrics
+from tk.plugins.text_classification.metrics import ClassificationMetrics, MultiLabelMetrics
 from tk.plugins.text_classification.model import ModelConfig, TextClassifier
 from tk.plugins.text_classification.tokenizer import encode, load_pretrained_tokenizer, special_id, train_tokenizer
 
@@ -35,6 +38,17 @@ ENCODER_FILE = "encoder.json"  # task file (fine-tuning): the encoder shape read
 
 def _label_key(label: Any) -> tuple[str, Any]:
     return (type(label).__name__, label)
+
+
+# model.* keys that shape a from-scratch encoder; a pretrained checkpoint's config.json sets them
+# (model.dropout is the exception: it overrides the checkpoint's dropout)
+_ARCH_KEYS = tuple(f.name for f in dataclasses.fields(TransformerConfig) if f.name != "dropout")
+
+
+def ignored_arch_keys(m: ModelConfig) -> list[str]:
+    """``model.*`` architecture keys set away from their defaults, which ``model.pretrained_dir`` overrides."""
+    default = ModelConfig()
+    return [k for k in _ARCH_KEYS if getattr(m, k) != getattr(default, k)]
 
 
 class TextClassificationTask(Task):
@@ -51,10 +65,22 @@ class TextClassificationTask(Task):
         self.encoder_spec: dict[str, Any] | None = None
         self._train_rows: list[Row] | None = None
         self.truncated: dict[str, int] = {}  # split -> examples cut to max_len
+        self._pretrained_path: Path | None = None
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
         return check_data(cfg.sections["data"])
+
+    @property
+    def multi_label(self) -> bool:
+        return bool(self.data.multi_label)
+
+    @property
+    def pretrained_path(self) -> Path:
+        """``model.pretrained_dir`` as a local folder (a hub id is downloaded once)."""
+        if self._pretrained_path is None:
+            self._pretrained_path = resolve_pretrained_dir(self.model_cfg.pretrained_dir)
+        return self._pretrained_path
 
     # -- state -----------------------------------------------------------------------
     def setup(self, resume: bool = False) -> None:
@@ -69,15 +95,21 @@ class TextClassificationTask(Task):
             self.encoder_spec = json.loads(self.files.read_text(ENCODER_FILE))
         if self.labels is None:
             self._train_rows = read_rows(self.data, "train")
-            self.labels = sorted({r[2] for r in self._train_rows}, key=_label_key)
-            if len(self.labels) < 2:
+            rows = self._train_rows
+            seen = {lab for r in rows for lab in r[2]} if self.multi_label else {r[2] for r in rows}
+            self.labels = sorted(seen, key=_label_key)
+            if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
         if m.pretrained_dir is not None and self.encoder_spec is None:
-            cfg, vocab, types = bert_config(read_bert_config(m.pretrained_dir), dropout=m.dropout)
+            ignored = ignored_arch_keys(m)
+            if ignored:  # fresh runs only: later ones read encoder.json, so this is logged once per run
+                log.warning("model.pretrained_dir is set: its config.json gives the encoder's shape, so %s "
+                            "(set in the recipe) are ignored", ", ".join(f"model.{k}" for k in ignored))
+            cfg, vocab, types = bert_config(read_bert_config(self.pretrained_path), dropout=m.dropout)
             self.encoder_spec = {"cfg": dataclasses.asdict(cfg), "vocab_size": vocab, "type_vocab_size": types}
         if self.tokenizer is None:
             if m.pretrained_dir is not None:
-                self.tokenizer = load_pretrained_tokenizer(m.pretrained_dir)
+                self.tokenizer = load_pretrained_tokenizer(self.pretrained_path)
             else:
                 rows = self._train_rows or read_rows(self.data, "train")
                 texts = [r[0] for r in rows] + [r[1] for r in rows if r[1] is not None]
@@ -110,13 +142,18 @@ class TextClassificationTask(Task):
         """Tokenised rows of ``split``; a label not in the train split's set is a TkError naming it and its row."""
         rows = self._train_rows if split == "train" and self._train_rows is not None else read_rows(self.data, split)
         index = {_label_key(lab): i for i, lab in enumerate(self.labels)}
-        targets = []
+        targets: list[Any] = []
         for _, _, label, where in rows:
-            key = _label_key(label)
-            if key not in index:
-                raise TkError(f"{where}: label {label!r} is not among the train split's labels {self.labels[:20]}; "
-                              f"fix the row or add the label to the training data")
-            targets.append(index[key])
+            found = []
+            for lab in (label if self.multi_label else (label,)):
+                if _label_key(lab) not in index:
+                    raise TkError(f"{where}: label {lab!r} is not among the train split's labels {self.labels[:20]}; "
+                                  f"fix the row or add the label to the training data")
+                found.append(index[_label_key(lab)])
+            if self.multi_label:
+                targets.append([1.0 if c in found else 0.0 for c in range(len(self.labels))])
+            else:
+                targets.append(found[0])
         pairs = [r[1] for r in rows] if self.data.text_pair_column else None
         ids, types, cut = encode(self.tokenizer, [r[0] for r in rows], pairs, self.max_len)
         if cut:  # a warning: those examples lose text
@@ -133,7 +170,8 @@ class TextClassificationTask(Task):
         for row, s in enumerate(samples):
             ids[row, : len(s["input_ids"])] = torch.tensor(s["input_ids"])
             types[row, : len(s["token_types"])] = torch.tensor(s["token_types"])
-        labels = torch.tensor([s["labels"] for s in samples], dtype=torch.long) if "labels" in samples[0] else None
+        dtype = torch.float32 if self.multi_label else torch.long  # multi-hot (B, C) or class indices (B,)
+        labels = torch.tensor([s["labels"] for s in samples], dtype=dtype) if "labels" in samples[0] else None
         batch = {"input_ids": ids, "token_types": types}
         return batch if labels is None else {**batch, "labels": labels}
 
@@ -154,21 +192,30 @@ class TextClassificationTask(Task):
     def init_pretrained(self, model: nn.Module) -> None:
         """Fine-tuning: copy ``model.pretrained_dir``'s weights into the encoder (fresh runs only)."""
         if self.model_cfg.pretrained_dir is not None:
-            load_bert_weights(model.encoder, self.model_cfg.pretrained_dir)
+            load_bert_weights(model.encoder, self.pretrained_path)
 
     def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
-        """Encoder parameters at ``optim.lr * model.encoder_lr_scale``, the head at ``optim.lr``."""
+        """Encoder parameters at ``optim.lr * model.encoder_lr_scale``, the head at ``optim.lr``;
+        with ``optim.layer_decay`` d, encoder layer i (of L) also gets ``d ** (L - i)`` and the
+        embeddings ``d ** (L + 1)`` (ids from :meth:`TextClassifier.layer_id`)."""
         scale = self.model_cfg.encoder_lr_scale
         return param_groups(model, optim_cfg, lr_scale=lambda n: scale if n.startswith("encoder.") else 1.0)
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
-        """Cross-entropy summed over the batch; ``outputs`` are the (B, C) logits."""
+        """Cross-entropy (multi-label: binary cross-entropy summed over the C labels) summed over
+        the batch; ``outputs`` are the (B, C) logits."""
         logits = model(batch["input_ids"], batch["token_types"])
+        if self.multi_label:
+            target = batch["labels"]
+            loss = F.binary_cross_entropy_with_logits(logits.float(), target.float(), reduction="sum")
+            return StepOutput(loss=loss, num_items=target.shape[0], outputs=logits.detach())
         loss, count = cross_entropy_sum(logits, batch["labels"])
         return StepOutput(loss=loss, num_items=count, outputs=logits.detach())
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
-        return {"cls": ClassificationMetrics(len(self.labels))}
+        if self.multi_label:
+            return {"cls": MultiLabelMetrics(self.labels, self.model_cfg.threshold)}
+        return {"cls": ClassificationMetrics(self.labels)}
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()
@@ -176,7 +223,8 @@ class TextClassificationTask(Task):
         """Label and class probabilities of each text line (a pair task: the two texts tab-separated).
 
         Returns:
-            One dict per input, in order: ``{"label": value, "probs": {label: p, ...}}``.
+            One dict per input, in order: ``{"label": value, "probs": {label: p, ...}}``; multi-label:
+            ``{"labels": [values with p > model.threshold], "probs": {label: sigmoid p, ...}}``.
         """
         pairs = None
         texts = list(inputs)
@@ -190,6 +238,11 @@ class TextClassificationTask(Task):
         batch = self.collate([{"input_ids": i, "token_types": t} for i, t in zip(ids, types)])
         device = next(model.parameters()).device
         model.eval()
-        probs = model(batch["input_ids"].to(device), batch["token_types"].to(device)).float().softmax(-1).cpu()
+        logits = model(batch["input_ids"].to(device), batch["token_types"].to(device)).float().cpu()
         names = [str(lab) for lab in self.labels]
+        if self.multi_label:
+            t = self.model_cfg.threshold
+            return [{"labels": [lab for lab, q in zip(self.labels, p.tolist()) if q > t],
+                     "probs": dict(zip(names, p.tolist()))} for p in logits.sigmoid()]
+        probs = logits.softmax(-1)
         return [{"label": self.labels[int(p.argmax())], "probs": dict(zip(names, p.tolist()))} for p in probs]

@@ -1,6 +1,8 @@
 """Tests for the text_classification plugin: core TextEncoder (pooling, BERT conversion),
-tokenizer truncation, label handling and errors, end-to-end learning vs bag-of-words, predict."""
+tokenizer truncation, label handling and errors, end-to-end learning vs bag-of-words, predict,
+metrics files, multi-label, fine-tuning (hub id, layer decay)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -42,7 +44,7 @@ def test_mean_and_max_pooling_ignore_pad():
 
 def test_truncation_is_counted():
     tok = train_tokenizer(["a b c d e f g h"] * 10, "wordpiece", 40, True)
-    ids, types, cut = encode(tok, ["a b", "a b c d e f g h", "a b c d"], None, max_len=5)
+    ids, _, cut = encode(tok, ["a b", "a b c d e f g h", "a b c d"], None, max_len=5)
     assert cut == 2  # 10 and 6 tokens with [CLS]/[SEP] exceed 5; 4 does not
     assert [len(i) for i in ids] == [4, 5, 5]
     assert ids[1][0] == tok.token_to_id("[CLS]") and ids[1][-1] == tok.token_to_id("[SEP]")
@@ -154,8 +156,10 @@ def test_synthetic_run_beats_bag_of_words_and_predicts_from_stdin(tmp_path):
     assert all(set(r["probs"]) == {"negative", "positive"} for r in records)
 
 
-def test_fine_tune_from_bert_folder_then_predict_without_it(tmp_path):
+def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, caplog):
     import shutil
+
+    import huggingface_hub
 
     words = sorted({w for t, _ in synthetic_rows(200, 0) for w in t.split()})
     folder = tmp_path / "bert"
@@ -163,13 +167,21 @@ def test_fine_tune_from_bert_folder_then_predict_without_it(tmp_path):
     (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
     torch.manual_seed(0)
     hf = transformers.BertModel(transformers.BertConfig(
-        vocab_size=5 + len(words), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        vocab_size=5 + len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=40))
     hf.save_pretrained(folder)
+    downloads = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, **kw: downloads.append(repo_id) or str(folder))  # the hub, offline
     run_dir = tmp_path / "run"
-    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", f"model.pretrained_dir={folder}",
-             "model.encoder_lr_scale=0.1", "optim.lr=1e-9", "train.max_steps=1", "data.num_train=64",
-             "data.num_val=16", "train.progress=false", "train.num_workers=0"])
+    with caplog.at_level("WARNING"):
+        run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "model.pretrained_dir=someone/tiny-bert",
+                 "model.dim=64", "model.num_heads=8", "model.encoder_lr_scale=0.1", "optim.lr=1e-9",
+                 "train.max_steps=1", "data.num_train=64", "data.num_val=16", "train.progress=false",
+                 "train.num_workers=0"])
+    assert downloads == ["someone/tiny-bert"]  # once: setup and init_pretrained share the folder
+    ignored = [r.getMessage() for r in caplog.records if "are ignored" in r.getMessage()]
+    assert len(ignored) == 1 and "model.dim, model.num_heads" in ignored[0], ignored
     shutil.rmtree(folder)  # eval/predict use the run's own files and weights
     task, model = load_run(run_dir, "last", [])
     assert task.tokenizer.token_to_id("good") == 5 + words.index("good")  # the folder's vocabulary, not a trained one
@@ -177,9 +189,35 @@ def test_fine_tune_from_bert_folder_then_predict_without_it(tmp_path):
     assert model.encoder.cfg.dim == 32 and not model.encoder.cfg.norm_first
     [pred] = task.predict(model, ["the film was not bad"])
     assert pred["label"] in ("negative", "positive")
-    groups = task.param_groups(model, task.cfg.optim)
-    lrs = {("encoder" if g["param_names"][0].startswith("encoder.") else "head"): g["lr"] for g in groups}
-    assert lrs["encoder"] == pytest.approx(0.1 * lrs["head"])
+
+    def lrs(optim_cfg):
+        """lr of each parameter name."""
+        return {n: g["lr"] for g in task.param_groups(model, optim_cfg) for n in g["param_names"]}
+
+    lr = lrs(task.cfg.optim)
+    assert lr["encoder.tok_embed.weight"] == pytest.approx(0.1 * lr["head.weight"])
+    decayed = lrs(dataclasses.replace(task.cfg.optim, layer_decay=0.5, lr=1.0))
+    assert decayed["head.weight"] == decayed["head.bias"] == 1.0  # the new head: full lr
+    for layer, scale in ((1, 0.5), (0, 0.25)):  # top layer 0.5 ** 1, the one below 0.5 ** 2 (x encoder 0.1)
+        assert decayed[f"encoder.encoder.layers.{layer}.mlp.fc1.weight"] == pytest.approx(0.1 * scale)
+    for name in ("encoder.tok_embed.weight", "encoder.pos_embed.weight", "encoder.embed_norm.weight"):
+        assert decayed[name] == pytest.approx(0.1 * 0.5 ** 3)  # embeddings lowest
+
+
+def test_pretrained_dir_resolution(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from tk.core.nn.convert_bert import resolve_pretrained_dir
+
+    def no_network(repo_id, **kw):
+        raise OSError(f"offline: cannot reach the hub for {repo_id}")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    assert resolve_pretrained_dir(str(tmp_path)) == tmp_path  # an existing folder: never the hub
+    with pytest.raises(TkError, match=r"'owner/model' is not a folder on disk, and downloading .*offline"):
+        resolve_pretrained_dir("owner/model")
+    with pytest.raises(TkError, match="model.pretrained_dir: .*nowhere/at/all does not exist"):
+        resolve_pretrained_dir(str(tmp_path / "nowhere" / "at" / "all"))  # a path, not a hub id
 
 
 @pytest.mark.slow
@@ -192,3 +230,116 @@ def test_hf_datasets_source_reads_local_files(tmp_path, monkeypatch):
     d.hf_name = "no_such_builder_xyz"
     with pytest.raises(TkError, match="data.hf_name: cannot load 'no_such_builder_xyz'"):
         read_rows(d, "train")
+
+
+def test_per_class_precision_recall_and_confusion_files(tmp_path):
+    from tk.core.step import EvalContext, StepOutput
+    from tk.plugins.text_classification.metrics import ClassificationMetrics
+
+    metric = ClassificationMetrics(["a", "b", "c"])
+    target = torch.tensor([0, 0, 0, 1, 1, 2])
+    pred = torch.tensor([0, 0, 1, 1, 0, 1])  # c is never predicted
+    metric.update(StepOutput(loss=torch.zeros(()), num_items=6, outputs=torch.nn.functional.one_hot(pred, 3).float()),
+                  {"labels": target})
+    rows = {r[0]: r[1:] for r in metric.per_class()}
+    # by hand: a: tp 2, predicted 3, support 3; b: tp 1, predicted 3, support 2; c: tp 0, predicted 0, support 1
+    assert rows["a"][:2] == (3, 3) and rows["a"][2] == pytest.approx(2 / 3) and rows["a"][3] == pytest.approx(2 / 3)
+    assert rows["b"][2] == pytest.approx(1 / 3) and rows["b"][3] == pytest.approx(1 / 2)
+    assert rows["b"][4] == pytest.approx(2 * 1 / (2 * 1 + 2 + 1))
+    assert rows["c"][2] != rows["c"][2] and rows["c"][3] == 0.0  # precision NaN: never predicted
+    assert metric.compute()["macro_f1"] == pytest.approx((2 / 3 + 0.4 + 0.0) / 3)
+    metric.write(tmp_path, EvalContext(split="val"))
+    lines = (tmp_path / "val_confusion.tsv").read_text().splitlines()
+    assert lines == ["true\\predicted\ta\tb\tc", "a\t2\t1\t0", "b\t1\t1\t0", "c\t0\t1\t0"]
+    assert (tmp_path / "val_per_class.tsv").read_text().splitlines()[2] == "b\t2\t3\t0.3333\t0.5000\t0.4000"
+    assert (tmp_path / "val_confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def multi_label_rows(n, seed):
+    """Texts of filler words plus one cue word per topic; the labels are the topics present."""
+    import random
+
+    rng = random.Random(seed)
+    cues = {"sport": ["ball", "goal", "team"], "music": ["song", "band", "drum"], "food": ["bread", "soup", "rice"]}
+    filler = ["the", "a", "today", "big", "old", "we", "saw", "very", "and", "then"]
+    rows = []
+    for _ in range(n):
+        topics = [t for t in cues if rng.random() < 0.5] or [rng.choice(list(cues))]
+        words = rng.sample(filler, 4) + [rng.choice(cues[t]) for t in topics]
+        rng.shuffle(words)
+        rows.append((" ".join(words), "|".join(topics)))
+    return rows
+
+
+@pytest.mark.slow
+def test_multi_label_learns_and_predicts_label_sets(tmp_path):
+    val_rows = multi_label_rows(80, 1)
+    train = write_tsv(tmp_path / "train.tsv", multi_label_rows(320, 0))
+    val = write_tsv(tmp_path / "dev.tsv", val_rows)
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.source=files", f"data.train_file={train}",
+             f"data.val_file={val}", "data.multi_label=true", "data.label_delimiter='|'", "model.pooling=mean",
+             "optim.lr=3e-3", "train.max_steps=100", "train.eval_every=100", "train.batch_size=32", *SMALL_RUN])
+    final = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert final["val/micro_f1"] > 0.9 and final["val/macro_f1"] > 0.9, final
+    assert json.loads((run_dir / "artifacts" / "labels.json").read_text()) == ["food", "music", "sport"]
+    assert (run_dir / "eval" / "val_per_class.tsv").read_text().startswith("class\tsupport\tpredicted")
+    task, model = load_run(run_dir, "last", [])
+    preds = task.predict(model, [t for t, _ in val_rows])
+    exact = sum(p["labels"] == sorted(y.split("|")) for p, (_, y) in zip(preds, val_rows))
+    assert exact >= 0.8 * len(val_rows), f"{exact}/{len(val_rows)} label sets right"
+    assert all(set(p["probs"]) == {"food", "music", "sport"} for p in preds)
+    write_tsv(val, [("a soup", "food|wine")])
+    with pytest.raises(TkError, match=r"dev\.tsv:2: label 'wine' is not among"):
+        task.build_dataset("val")
+
+
+def test_bpe_tokenizer_on_text_pairs_end_to_end(tmp_path):
+    rows = [(t, u, "same" if (y == "positive") == (v == "positive") else "differ")
+            for (t, y), (u, v) in zip(synthetic_rows(48, 0), synthetic_rows(48, 5))]
+    for name, part in (("train.tsv", rows), ("dev.tsv", rows[:12])):
+        (tmp_path / name).write_text("premise\thypothesis\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in part))
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.source=files",
+             f"data.train_file={tmp_path / 'train.tsv'}", f"data.val_file={tmp_path / 'dev.tsv'}",
+             "data.text_column=premise", "data.text_pair_column=hypothesis", "data.tokenizer=bpe",
+             "train.max_steps=2", *SMALL_RUN])
+    tok = json.loads((run_dir / "artifacts" / "tokenizer.json").read_text())
+    assert tok["model"]["type"] == "BPE"
+    task, model = load_run(run_dir, "last", [])
+    [item] = [task.build_dataset("val")[0]]
+    sep = task.tokenizer.token_to_id("[SEP]")
+    first_sep = item["input_ids"].index(sep)
+    assert set(item["token_types"][: first_sep + 1]) == {0} and set(item["token_types"][first_sep + 1:]) == {1}
+    result = run_cli(["predict", str(run_dir), "-"], input=f"{rows[0][0]}\t{rows[0][1]}\n")
+    [record] = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert record["label"] in ("same", "differ") and set(record["probs"]) == {"same", "differ"}
+    with pytest.raises(TkError, match="give the two texts separated by a tab"):
+        task.predict(model, ["only one text"])
+
+
+def test_multi_label_config_and_rows_errors(tmp_path):
+    from tk.plugins.text_classification.data import check_data
+
+    assert any("data.multi_label needs data.source" in p for p in check_data(DataConfig(multi_label=True)))
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\ngood\ta| b |a\nbad\t | \n")
+    d = DataConfig(source="files", train_file=str(tmp_path / "t.tsv"), val_file=str(tmp_path / "t.tsv"),
+                   multi_label=True, label_delimiter="|")
+    with pytest.raises(TkError, match=r"t\.tsv:3: no labels in 'label'"):
+        read_rows(d, "train")
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\ngood\ta| b |a\n")
+    assert read_rows(d, "train")[0][2] == ("a", "b")  # stripped, distinct, sorted
+
+
+def test_rotary_and_no_position_encoders():
+    torch.manual_seed(0)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for how in ("rotary", "none"):
+        cfg = TransformerConfig(dim=16, depth=1, num_heads=2, dropout=0.0, max_len=12, pos_encoding=how)
+        enc = TextEncoder(cfg, 30).eval()
+        assert enc.pos_embed is None and not any("pos_embed" in n for n, _ in enc.named_parameters())
+        padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1)
+        torch.testing.assert_close(enc(padded)[:, :4], enc(ids), atol=1e-5, rtol=1e-5)  # PAD changes nothing
+        swapped = enc(ids[:, [1, 0, 2, 3]])
+        order_blind = torch.allclose(swapped[0, 0], enc(ids)[0, 1], atol=1e-5)
+        assert order_blind == (how == "none")  # without positions, a permutation only permutes the states
