@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -15,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.data.samplers import RandomBlockSampler
+from tk.core.engine.distributed import is_main_process
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
@@ -26,6 +29,7 @@ from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.language_model.corpus import read_corpus, synthetic_text
 from tk.plugins.language_model.data import BlockDataset, collate_blocks, split_tokens, token_dtype
+from tk.plugins.language_model.stream import TextStream
 from tk.plugins.language_model.tokenizer import (
     BPETokenizer,
     CharTokenizer,
@@ -33,6 +37,7 @@ from tk.plugins.language_model.tokenizer import (
     read_tokenizer_file,
 )
 
+SAMPLES_DIR = "samples"  # in the run dir: step_N.txt, a few generated continuations per evaluation
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (char vocabulary or a tokenizers JSON)
 TOKENS_FILE = "tokens.bin"  # task file: the whole corpus as one token array (uint16 / uint32)
 META_FILE = "tokens.json"  # task file: dtype, token and character counts of TOKENS_FILE
@@ -52,6 +57,8 @@ class DataConfig:
     block_size: int = 64  # context length T in tokens (a training block is T + 1 tokens)
     val_fraction: float = 0.1  # the last fraction of the token stream is the validation split
     eval_blocks: int = 200  # validation blocks per evaluation (sequential, non-overlapping)
+    num_samples: int = 3  # continuations written to samples/step_N.txt at each evaluation; 0 = none
+    sample_prompt_len: int = 16  # tokens of a val block that each sample continues
 
 
 @dataclass
@@ -110,6 +117,7 @@ class LanguageModelTask(Task):
         self.tokenizer: CharTokenizer | BPETokenizer | None = None
         self.splits: dict[str, np.ndarray] = {}
         self.meta: dict[str, Any] = {}
+        self._sampled: set[tuple] = set()  # evaluations that already wrote their samples
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -126,6 +134,9 @@ class LanguageModelTask(Task):
             problems.append(f"data.val_fraction ({d.val_fraction}) must be in (0, 1)")
         if d.eval_blocks < 1:
             problems.append(f"data.eval_blocks ({d.eval_blocks}) must be >= 1")
+        if d.num_samples < 0 or d.sample_prompt_len < 1:
+            problems.append(f"data.num_samples ({d.num_samples}) must be >= 0 and data.sample_prompt_len "
+                            f"({d.sample_prompt_len}) >= 1")
         if d.num_sentences < 1:
             problems.append(f"data.num_sentences ({d.num_sentences}) must be >= 1")
         if d.bpe_vocab_size < 257:
@@ -210,8 +221,15 @@ class LanguageModelTask(Task):
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()
-    def continue_text(self, model: nn.Module, prompt: str, cfg: GenerationConfig | None = None) -> str:
+    def continue_text(
+        self, model: nn.Module, prompt: str, cfg: GenerationConfig | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> str:
         """The text ``model`` generates after ``prompt`` under ``cfg`` (default ``generate:``).
+
+        ``on_text`` (streaming) gets each new piece of text as soon as its token is generated
+        (for BPE, a piece that ends inside a multi-byte character waits for the next token);
+        the pieces add up to the returned text.
 
         Raises:
             TkError: an empty prompt, or prompt + new tokens beyond ``data.block_size`` (the KV cache
@@ -227,8 +245,37 @@ class LanguageModelTask(Task):
                           f"generate.max_len) exceeds data.block_size ({limit}), the context the model was "
                           f"trained on; shorten the prompt or ask for fewer new tokens")
         device = next(model.parameters()).device
-        out = generate(model, torch.tensor([ids], device=device), cfg)
-        return self.tokenizer.decode(out.tokens[0].tolist())
+        stream = None if on_text is None else TextStream(self.tokenizer.decode, on_text, cfg.eos_id)
+        out = generate(model, torch.tensor([ids], device=device), cfg, on_step=stream)
+        text = self.tokenizer.decode(out.tokens[0].tolist())
+        if stream is not None:
+            stream.finish(text)
+        return text
+
+    # -- samples at each evaluation ------------------------------------------------------
+    def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
+        """The loss; on the first batch of each evaluation in a run, also a few samples
+        (``data.num_samples`` continuations of the first ``data.sample_prompt_len`` tokens of
+        val blocks, ``generate:`` settings) written to ``samples/step_N.txt`` in the run dir."""
+        key = (ctx.step, ctx.kind, ctx.index, ctx.key_prefix)
+        if self.data.num_samples and self.run_dir is not None and key not in self._sampled and is_main_process():
+            self._sampled.add(key)
+            self._write_samples(model, batch["tokens"], ctx)
+        return self.loss(model, batch)
+
+    def _write_samples(self, model: nn.Module, tokens: torch.Tensor, ctx: EvalContext) -> None:
+        n = min(self.data.num_samples, tokens.shape[0])
+        prompt_len = min(self.data.sample_prompt_len, self.data.block_size - 1)
+        cfg = dataclasses.replace(self.gen_cfg, max_len=min(self.gen_cfg.max_len, self.data.block_size - prompt_len))
+        out = generate(model, tokens[:n, :prompt_len], cfg)
+        parts = []
+        for i in range(n):
+            prompt = self.tokenizer.decode(tokens[i, :prompt_len].tolist())
+            parts.append(f"--- sample {i}: prompt {prompt!r}\n{prompt}{self.tokenizer.decode(out.tokens[i].tolist())}\n")
+        suffix = "" if ctx.key_prefix == "val" else f"_{ctx.key_prefix}"
+        path = Path(self.run_dir) / SAMPLES_DIR / f"step_{ctx.step}{suffix}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(parts), encoding="utf-8")
 
     def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
         """``{"input": prompt, "generated": text}`` per prompt (``generate:`` settings)."""
