@@ -29,6 +29,7 @@ from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.language_model.corpus import read_corpus, synthetic_text
 from tk.plugins.language_model.data import BlockDataset, collate_blocks, split_tokens, token_dtype
+from tk.plugins.language_model.hub import iter_texts, load_documents
 from tk.plugins.language_model.stream import TextStream
 from tk.plugins.language_model.tokenizer import (
     BPETokenizer,
@@ -47,8 +48,13 @@ META_FILE = "tokens.json"  # task file: dtype, token and character counts of TOK
 class DataConfig:
     """The recipe's ``data:`` section."""
 
-    source: Literal["synthetic", "text"] = "synthetic"  # synthetic: built-in grammar corpus; text: data.path
+    source: Literal["synthetic", "text", "hub"] = "synthetic"  # synthetic grammar; text: data.path; hub: data.dataset
     path: str | None = None  # source=text: a UTF-8 file, a folder of files or a glob (joined in sorted order)
+    dataset: str | None = None  # source=hub: a datasets hub name, or a folder written by save_to_disk
+    config: str | None = None  # source=hub: the dataset's configuration name (datasets.load_dataset's name)
+    split: str = "train"  # source=hub: the split read (val = its last val_fraction of tokens)
+    text_column: str = "text"  # source=hub: the column holding the documents
+    doc_separator: str = "\n\n"  # source=hub: text appended to every document before they are joined
     num_sentences: int = 20000  # synthetic: sentences generated (about 25 characters each)
     synthetic_seed: int = 0  # synthetic: seed of the corpus (independent of train.seed)
     tokenizer: Literal["char", "bpe"] = "char"  # char: one id per character (unseen ones -> <unk>); bpe: byte-level BPE
@@ -124,6 +130,8 @@ class LanguageModelTask(Task):
         d: DataConfig = cfg.sections["data"]
         m: ModelConfig = cfg.sections["model"]
         problems = []  # the model: and generate: sections run their own check()
+        if d.source == "hub" and not d.dataset:
+            problems.append("data.dataset: source=hub needs a datasets name (or a save_to_disk folder)")
         if d.source == "text" and not d.path:
             problems.append("data.path: source=text needs a text file, folder or glob (or set data.source=synthetic)")
         if d.block_size < 1:
@@ -158,12 +166,27 @@ class LanguageModelTask(Task):
             tokens = self._tokenise()
         self.splits = split_tokens(tokens, self.data.val_fraction, self.data.block_size)
 
+    def _read_text(self) -> str:
+        d = self.data
+        if d.source == "synthetic":
+            return synthetic_text(d.num_sentences, d.synthetic_seed)
+        if d.source == "hub":
+            ds = load_documents(d.dataset, d.config, d.split, d.text_column)
+            return d.doc_separator.join(t for texts in iter_texts(ds, d.text_column) for t in texts)
+        return read_corpus(d.path)
+
+    def _empty_corpus(self) -> TkError:
+        d = self.data
+        return TkError(f"data: the corpus ({d.path or d.dataset or 'synthetic'}) is empty (0 tokens); the run needs "
+                       f"at least data.block_size + 1 = {d.block_size + 1} tokens in each split")
+
     def _tokenise(self) -> np.ndarray:
         d = self.data
-        text = synthetic_text(d.num_sentences, d.synthetic_seed) if d.source == "synthetic" else read_corpus(d.path)
+        if d.source == "hub" and d.tokenizer_file:
+            return self._tokenise_documents()
+        text = self._read_text()
         if not text:
-            raise TkError(f"data: the corpus ({d.path or 'synthetic'}) is empty (0 tokens); the run needs at least "
-                          f"data.block_size + 1 = {d.block_size + 1} tokens in each split")
+            raise self._empty_corpus()
         train_text = text[: len(text) - int(len(text) * d.val_fraction)]  # the tokenizer never sees val
         if d.tokenizer_file:
             self.tokenizer = read_tokenizer_file(d.tokenizer_file)
@@ -173,13 +196,52 @@ class LanguageModelTask(Task):
             self.tokenizer = CharTokenizer.train(train_text)
         dtype = token_dtype(self.tokenizer.vocab_size)
         tokens = np.asarray(self.tokenizer.encode(text), dtype=dtype)
-        self.meta = {"dtype": dtype.name, "num_tokens": len(tokens), "num_chars": len(text),
+        self._save(tokens, len(text))
+        return tokens
+
+    def _tokenise_documents(self) -> np.ndarray:
+        """A hub corpus with a given tokenizer: documents tokenised in batches and appended to
+        the token file, so the text never has to fit in memory (only the uint16/32 tokens are
+        then memory-mapped)."""
+        d = self.data
+        self.tokenizer = read_tokenizer_file(d.tokenizer_file)
+        dtype = token_dtype(self.tokenizer.vocab_size)
+        ds = load_documents(d.dataset, d.config, d.split, d.text_column)
+        chunks, num_chars, num_tokens = [], 0, 0
+        out = None
+        if self.run_dir is not None:
+            part = self.files.path(TOKENS_FILE).with_suffix(".part")
+            part.parent.mkdir(parents=True, exist_ok=True)
+            out = open(part, "wb")  # noqa: SIM115 (closed in the finally below)
+        try:
+            for texts in iter_texts(ds, d.text_column):
+                texts = [t + d.doc_separator for t in texts]
+                ids = np.concatenate([np.asarray(e.ids, dtype=dtype) for e in self.tokenizer.tok.encode_batch(texts)])
+                num_chars += sum(map(len, texts))
+                num_tokens += len(ids)
+                chunks.append(ids) if out is None else out.write(ids.tobytes())
+        finally:
+            if out is not None:
+                out.close()
+        if num_tokens == 0:
+            raise self._empty_corpus()
+        if out is None:
+            tokens = np.concatenate(chunks)
+        else:
+            Path(out.name).replace(self.files.path(TOKENS_FILE))
+            tokens = np.memmap(self.files.path(TOKENS_FILE), dtype=dtype, mode="r")
+        self._save(tokens, num_chars, write_tokens=False)
+        return tokens
+
+    def _save(self, tokens: np.ndarray, num_chars: int, write_tokens: bool = True) -> None:
+        dtype = np.dtype(tokens.dtype)
+        self.meta = {"dtype": dtype.name, "num_tokens": len(tokens), "num_chars": num_chars,
                      "vocab_size": self.tokenizer.vocab_size, "kind": self.tokenizer.kind}
         if self.run_dir is not None:  # tk summary has no run dir: keep everything in memory
             self.files.write_text(TOKENIZER_FILE, self.tokenizer.to_json())
-            self.files.write_bytes(TOKENS_FILE, tokens.tobytes())
+            if write_tokens:
+                self.files.write_bytes(TOKENS_FILE, tokens.tobytes())
             self.files.write_text(META_FILE, json.dumps(self.meta, indent=1))
-        return tokens
 
     @property
     def vocab_size(self) -> int:

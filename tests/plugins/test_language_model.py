@@ -277,3 +277,47 @@ def test_sigkill_and_resume_is_exact(tmp_path):
     assert train_losses(killed) == train_losses(reference)
     ours, ref = load_file(killed / "model.safetensors"), load_file(reference / "model.safetensors")
     assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+
+
+# ----------------------------------------------------------------------------- hub corpora (offline: save_to_disk)
+
+
+@pytest.fixture
+def saved_dataset(tmp_path):
+    import datasets
+
+    docs = synthetic_text(400, 1).split("\n")
+    folder = tmp_path / "hub_ds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs, "id": list(range(len(docs)))})}
+                         ).save_to_disk(str(folder))
+    return folder, docs
+
+
+def test_hub_dataset_with_a_text_column(tmp_path, saved_dataset):
+    folder, docs = saved_dataset
+    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", "data.split=train"])
+    task.setup()
+    text = "\n\n".join(d for d in docs if d)
+    assert task.tokenizer.decode(np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()) == text
+
+
+def test_hub_dataset_with_a_given_tokenizer_is_tokenised_in_batches(tmp_path, saved_dataset):
+    from tk.plugins.language_model.tokenizer import BPETokenizer
+
+    folder, docs = saved_dataset
+    tok_file = tmp_path / "tokenizer.json"
+    tok_file.write_text(BPETokenizer.train(synthetic_text(300, 2), 300).to_json())
+    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", f"data.tokenizer_file={tok_file}"])
+    task.setup()
+    tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16)
+    assert task.tokenizer.decode(tokens.tolist()) == "".join(d + "\n\n" for d in docs if d)
+    assert task.meta["num_tokens"] == len(tokens) == len(task.splits["train"]) + len(task.splits["val"])
+
+
+def test_hub_dataset_errors(tmp_path, saved_dataset):
+    folder, _ = saved_dataset
+    for override, message in ((["data.text_column=body"], "has no column 'body'"),
+                              (["data.split=validation"], "has no split 'validation'")):
+        result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=hub", f"data.dataset={folder}",
+                                          *override, f"output_dir={tmp_path / 'run'}", *FAST])
+        assert result.exit_code == 2 and message in result.output, result.output
