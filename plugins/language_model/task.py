@@ -78,11 +78,12 @@ class ModelConfig(TransformerConfig):
 
 
 class LMMetrics(Metric):
-    """Bits per token, perplexity (= exp(nats per token)) and, for char level, bits per char."""
+    """Bits per token, perplexity (= exp(nats per token)) and, for char level, bits per char;
+    with ``bytes_per_token`` (BPE), bits per UTF-8 byte of the evaluated text."""
 
-    def __init__(self, per_char: bool) -> None:
+    def __init__(self, per_char: bool, bytes_per_token: float | None = None) -> None:
         super().__init__()
-        self.per_char = per_char
+        self.per_char, self.bytes_per_token = per_char, bytes_per_token
         self.add_state("nats", torch.zeros((), dtype=torch.float64))
         self.add_state("count", torch.zeros((), dtype=torch.float64))
 
@@ -91,13 +92,16 @@ class LMMetrics(Metric):
         self.count += torch.as_tensor(out.num_items).to(self.count.device, torch.float64)
 
     def keys(self) -> list[str]:
-        return ["bits_per_token", "perplexity"] + (["bits_per_char"] if self.per_char else [])
+        return (["bits_per_token", "perplexity"] + (["bits_per_char"] if self.per_char else [])
+                + (["bits_per_byte"] if self.bytes_per_token else []))
 
     def compute(self) -> dict[str, float]:
         nats = float(self.nats) / max(float(self.count), 1.0)
         out = {"bits_per_token": nats / math.log(2), "perplexity": math.exp(nats)}
         if self.per_char:  # one token is one character
             out["bits_per_char"] = out["bits_per_token"]
+        if self.bytes_per_token:
+            out["bits_per_byte"] = out["bits_per_token"] / self.bytes_per_token
         return out
 
 
@@ -124,6 +128,7 @@ class LanguageModelTask(Task):
         self.splits: dict[str, np.ndarray] = {}
         self.meta: dict[str, Any] = {}
         self._sampled: set[tuple] = set()  # evaluations that already wrote their samples
+        self._bytes_per_token: float | None = None  # of the eval targets (bits per byte), computed once
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -279,7 +284,17 @@ class LanguageModelTask(Task):
         return StepOutput(loss=loss, num_items=count)
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
-        return {"lm": LMMetrics(per_char=self.meta.get("kind") == "char")}
+        char = self.meta.get("kind") == "char"
+        return {"lm": LMMetrics(per_char=char, bytes_per_token=None if char else self._eval_bytes_per_token())}
+
+    def _eval_bytes_per_token(self) -> float | None:
+        """UTF-8 bytes per token of the evaluated targets (the val tokens the eval blocks predict);
+        None before ``setup``."""
+        if self._bytes_per_token is None and "val" in self.splits:
+            n = len(self.build_dataset("val")) * self.data.block_size
+            targets = self.splits["val"][1: n + 1].tolist()
+            self._bytes_per_token = len(self.tokenizer.decode(targets).encode("utf-8")) / max(len(targets), 1)
+        return self._bytes_per_token
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()

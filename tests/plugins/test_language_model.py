@@ -321,3 +321,15 @@ def test_hub_dataset_errors(tmp_path, saved_dataset):
         result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=hub", f"data.dataset={folder}",
                                           *override, f"output_dir={tmp_path / 'run'}", *FAST])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_bits_per_byte_for_bpe(tmp_path):
+    task = make_task(tmp_path, ["data.tokenizer=bpe", "data.bpe_vocab_size=300", "data.eval_blocks=3"])
+    task.setup()
+    metric = task.build_metrics(None)["lm"]
+    targets = task.splits["val"][1: 3 * 64 + 1].tolist()
+    n_bytes = len(task.tokenizer.decode(targets).encode("utf-8"))
+    metric.update(StepOutput(loss=torch.tensor(0.7 * len(targets)), num_items=len(targets)), {})
+    out = metric.compute()
+    assert out["bits_per_byte"] == pytest.approx(0.7 * len(targets) / math.log(2) / n_bytes)
+    assert "bits_per_byte" not in make_task(tmp_path / "c").build_metrics(None)["lm"].keys()
