@@ -122,7 +122,7 @@ def _prepare(
     else:
         prefix, lengths = inputs, _prompt_lengths(inputs, prompt_lengths, pad)
     capacity = int(lengths.max()) + cfg.max_len
-    return Decoder(model, B * k, capacity, cfg.use_cache, memory, mask), prefix, lengths
+    return Decoder(model, B * k, capacity, cfg.use_cache, memory, mask, cfg.compile), prefix, lengths
 
 
 
