@@ -145,8 +145,8 @@ def _decode_single(
     log-probs to (R,) ids.
 
     The loop does the least per step: tokens go straight into a preallocated (end, R)
-    buffer (position p is one contiguous row), greedy takes token and logit with one
-    ``max``, and prompt forcing runs only while some row is still inside its prompt. What
+    buffer (position p is one contiguous row), greedy takes token and log-prob with one
+    ``max`` of the log-softmax, and prompt forcing runs only while some row is still inside its prompt. What
     depends on EOS (the PAD after it, the lengths, the summed log-probs) is computed once
     after the loop; a row that ended keeps feeding its own tokens (rows are independent,
     and everything after its EOS is replaced by PAD), so no per-step fill is needed.
@@ -156,28 +156,27 @@ def _decode_single(
     longest, eos = int(lengths.max()), cfg.eos_id
     cols = seqs.t().contiguous()  # (end, R): the token at every position
     tok_logp = torch.zeros(end, B, device=device)  # log-prob of the token at every position
-    lse = torch.zeros(end, B, device=device) if pick is None else None
     done = torch.zeros(B, dtype=torch.bool, device=device) if eos is not None else None
     # rows whose last allowed token (max_len) comes before the longest prompt's: done early
     finish: dict[int, Tensor] = {}
     if done is not None and start != longest:
         last = lengths + cfg.max_len - 1
         finish = {q: last.eq(q) for q in set(last.tolist()) if q < end - 1}
+    masking = (pad is not None and pad != eos) or (eos is not None and cfg.min_len > 0)
+    inputs = cols[:, :, None]  # (end, R, 1): inputs[p] is the next decoder input, without a per-step view chain
     logits = dec.feed(seqs[:, :start])  # prefill the prefix every row shares
     for p in range(start, end):
-        logits = logits.float()
         forcing = p < longest  # some row is still inside its prompt
-        if pick is None:
-            torch.logsumexp(logits, dim=-1, out=lse[p])  # before masking: the model's own log-probs
-            _mask_in_place(logits, p, lengths, longest, cfg, pad)
+        logp = logits.float().log_softmax(dim=-1)  # one fused kernel; masks come after it (model's log-probs)
+        if masking:
+            _mask_in_place(logp, p, lengths, longest, cfg, pad)
+        if pick is None:  # greedy: one max() gives the token and its log-prob
             if forcing:
-                best, tok = logits.max(dim=-1)
+                best, tok = logp.max(dim=-1)
                 tok_logp[p] = best
             else:
-                torch.max(logits, dim=-1, out=(tok_logp[p], cols[p]))
+                torch.max(logp, dim=-1, out=(tok_logp[p], cols[p]))
         else:
-            logp = logits.log_softmax(dim=-1)
-            _mask_in_place(logp, p, lengths, longest, cfg, pad)
             tok = pick(logp)
             if not forcing:
                 cols[p] = tok
@@ -195,8 +194,8 @@ def _decode_single(
             if bool(done.all()):
                 break
         if p + 1 < end:
-            logits = dec.feed(cols[p][:, None])
-    return _finish(cols.t(), tok_logp.t() if lse is None else (tok_logp - lse).t(), lengths, cfg, pad)
+            logits = dec.feed(inputs[p])
+    return _finish(cols.t(), tok_logp.t(), lengths, cfg, pad)
 
 
 def _finish(seqs: Tensor, tok_logp: Tensor, lengths: Tensor, cfg: GenerationConfig, pad: int | None
