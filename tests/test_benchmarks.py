@@ -20,6 +20,7 @@ CASES = {
     "generation": ["--quick", "--tokens", "8", "--reps", "1"],
     "engine_overhead": ["--quick", "--steps", "4", "--reps", "1"],
     "vit_cifar": ["--quick"],
+    "lm": ["--quick", "--iters", "4"],
 }
 
 
@@ -42,3 +43,5 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
         # tk cached, tk uncached, beam cached/uncached and the independent reference model
         # (same weights) all decode the same tokens
         assert result["tokens_equal"] is True
+    if name == "lm":  # tk and the bare loop did the same updates (same batches, weights, schedule)
+        assert result["same_updates"] is True

@@ -32,6 +32,7 @@ class GenerationConfig:
     top_p: float = 1.0  # sampling: keep the fewest tokens whose probabilities sum to >= top_p; 1 = off
     seed: int | None = None  # sampling: seed of a private generator; None = torch's global RNG
     use_cache: bool = True  # KV-cached decode_step; False recomputes the prefix every step (reference)
+    compile: bool = False  # torch.compile the cached decode step (pays off for long generations; compiles once)
     bos_id: int | None = None  # first decoder token of an encoder-decoder (required there)
     eos_id: int | None = None  # token that ends a sequence; None = always generate max_len tokens
     pad_id: int | None = None  # fills positions after EOS and pads LM prompts; None = model.pad_id
@@ -138,21 +139,23 @@ class Decoder:
 
     def __init__(
         self, model: nn.Module, rows: int, capacity: int, use_cache: bool,
-        memory: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+        memory: Tensor | None = None, memory_key_padding_mask: Tensor | None = None, compile: bool = False,
     ) -> None:
         self.model, self.memory, self.memory_key_padding_mask = model, memory, memory_key_padding_mask
         self.seq2seq = memory is not None
         self.cache = model.init_cache(rows, capacity) if use_cache else None
         self.history: Tensor | None = None  # (R, t) tokens fed so far (uncached only)
+        # dynamic=True: one graph for every cache length instead of a recompile per step
+        self.step = torch.compile(model.decode_step, dynamic=True) if compile and use_cache else model.decode_step
 
     def feed(self, tokens: Tensor) -> Tensor:
         """tokens (R, Tn) at the next Tn positions -> logits (R, V) for the position after them."""
         if self.cache is not None:
             if self.seq2seq:
-                logits = self.model.decode_step(tokens, self.memory, self.memory_key_padding_mask, self.cache)
+                logits = self.step(tokens, self.memory, self.memory_key_padding_mask, self.cache)
                 self.memory = None  # cross-attention keys/values now live in the cache
             else:
-                logits = self.model.decode_step(tokens, self.cache)
+                logits = self.step(tokens, self.cache)
             return logits[:, -1]
         self.history = tokens if self.history is None else torch.cat([self.history, tokens], dim=1)
         # The cached path masks no target key, so neither does the reference (a model with a

@@ -44,12 +44,12 @@ from torch import Tensor, nn
 from tk.core.errors import TkError
 from tk.core.nn.beam import run_beam_search
 from tk.core.nn.decoding import (
+    NEG_INF,
     Decoder,
     GenerationConfig,
     GenerationOutput,
     generated_window,
     init_seqs,
-    next_log_probs,
     normalise,
     sample_next,
 )
@@ -122,39 +122,98 @@ def _prepare(
     else:
         prefix, lengths = inputs, _prompt_lengths(inputs, prompt_lengths, pad)
     capacity = int(lengths.max()) + cfg.max_len
-    return Decoder(model, B * k, capacity, cfg.use_cache, memory, mask), prefix, lengths
+    return Decoder(model, B * k, capacity, cfg.use_cache, memory, mask, cfg.compile), prefix, lengths
 
+
+
+def _mask_in_place(scores: Tensor, p: int, lengths: Tensor, longest: int, cfg: GenerationConfig,
+                   pad: int | None) -> None:
+    """PAD is never generated (it only follows EOS); EOS is blocked for rows that generated
+    fewer than ``min_len`` tokens. ``scores`` (R, V) are logits or log-probs of position ``p``."""
+    if pad is not None and pad != cfg.eos_id:
+        scores[:, pad] = NEG_INF
+    if cfg.eos_id is not None and cfg.min_len > 0 and p < longest + cfg.min_len:
+        step = p - lengths
+        scores[:, cfg.eos_id] = scores[:, cfg.eos_id].masked_fill((step >= 0) & (step < cfg.min_len), NEG_INF)
 
 
 def _decode_single(
     dec: Decoder, prefix: Tensor, lengths: Tensor, cfg: GenerationConfig, pad: int | None,
-    pick: Callable[[Tensor], Tensor],
+    pick: Callable[[Tensor], Tensor] | None, on_step: Callable[[int, Tensor], None] | None = None,
 ) -> GenerationOutput:
-    """Greedy or sampling: one hypothesis per row, ``pick`` maps (B, V) log-probs to (B,) ids."""
-    B = prefix.shape[0]
+    """Greedy (``pick`` None) or sampling: one hypothesis per row; ``pick`` maps (R, V)
+    log-probs to (R,) ids.
+
+    The loop does the least per step: tokens go straight into a preallocated (end, R)
+    buffer (position p is one contiguous row), greedy takes token and log-prob with one
+    ``max`` of the log-softmax, and prompt forcing runs only while some row is still inside its prompt. What
+    depends on EOS (the PAD after it, the lengths, the summed log-probs) is computed once
+    after the loop; a row that ended keeps feeding its own tokens (rows are independent,
+    and everything after its EOS is replaced by PAD), so no per-step fill is needed.
+    """
+    B, device = prefix.shape[0], prefix.device
     seqs, start, end = init_seqs(prefix, lengths, cfg.max_len, pad)
-    fill = torch.full_like(seqs[:, 0], 0 if pad is None else pad)
-    log_probs = torch.zeros(B, device=prefix.device)
-    gen_len = torch.zeros(B, dtype=torch.long, device=prefix.device)
-    done = torch.zeros(B, dtype=torch.bool, device=prefix.device)
+    longest, eos = int(lengths.max()), cfg.eos_id
+    cols = seqs.t().contiguous()  # (end, R): the token at every position
+    tok_logp = torch.zeros(end, B, device=device)  # log-prob of the token at every position
+    done = torch.zeros(B, dtype=torch.bool, device=device) if eos is not None else None
+    # rows whose last allowed token (max_len) comes before the longest prompt's: done early
+    finish: dict[int, Tensor] = {}
+    if done is not None and start != longest:
+        last = lengths + cfg.max_len - 1
+        finish = {q: last.eq(q) for q in set(last.tolist()) if q < end - 1}
+    masking = (pad is not None and pad != eos) or (eos is not None and cfg.min_len > 0)
+    inputs = cols[:, :, None]  # (end, R, 1): inputs[p] is the next decoder input, without a per-step view chain
     logits = dec.feed(seqs[:, :start])  # prefill the prefix every row shares
     for p in range(start, end):
-        step = p - lengths  # index of the token generated at position p; < 0 inside the prompt
-        logp = next_log_probs(logits, step, cfg, pad)
-        active = (step >= 0) & ~done
-        forced = torch.where(step < 0, seqs[:, p], fill)  # the prompt token, or PAD after the end
-        tok = torch.where(active, pick(logp), forced)
-        log_probs += torch.where(active, logp.gather(1, tok[:, None]).squeeze(1), 0.0)
-        gen_len += active.long()
-        seqs[:, p] = tok
-        ended = step + 1 >= cfg.max_len
-        if cfg.eos_id is not None:
-            ended = ended | tok.eq(cfg.eos_id)
-        done |= active & ended
-        if p + 1 == end or bool(done.all()):
-            break
-        logits = dec.feed(tok[:, None])
-    tokens = generated_window(seqs, lengths, cfg.max_len)[:, : int(gen_len.max())]
+        forcing = p < longest  # some row is still inside its prompt
+        logp = logits.float().log_softmax(dim=-1)  # one fused kernel; masks come after it (model's log-probs)
+        if masking:
+            _mask_in_place(logp, p, lengths, longest, cfg, pad)
+        if pick is None:  # greedy: one max() gives the token and its log-prob
+            if forcing:
+                best, tok = logp.max(dim=-1)
+                tok_logp[p] = best
+            else:
+                torch.max(logp, dim=-1, out=(tok_logp[p], cols[p]))
+        else:
+            tok = pick(logp)
+            if not forcing:
+                cols[p] = tok
+            tok_logp[p] = logp.gather(1, tok[:, None]).squeeze(1)
+        if forcing:
+            in_prompt = lengths > p
+            cols[p] = torch.where(in_prompt, cols[p], tok)
+        if on_step is not None:
+            on_step(p - start, cols[p])
+        if done is not None:
+            hit = cols[p].eq(eos)
+            done |= hit & ~in_prompt if forcing else hit
+            if p in finish:
+                done |= finish[p]
+            if bool(done.all()):
+                break
+        if p + 1 < end:
+            logits = dec.feed(inputs[p])
+    return _finish(cols.t(), tok_logp.t(), lengths, cfg, pad)
+
+
+def _finish(seqs: Tensor, tok_logp: Tensor, lengths: Tensor, cfg: GenerationConfig, pad: int | None
+            ) -> GenerationOutput:
+    """From whole sequences (R, end) and per-position log-probs: the generated windows with
+    PAD after the first EOS, their lengths and summed log-probs."""
+    tokens = generated_window(seqs, lengths, cfg.max_len)  # (R, max_len)
+    logp = generated_window(tok_logp, lengths, cfg.max_len)
+    gen_len = torch.full_like(lengths, cfg.max_len)
+    if cfg.eos_id is not None:
+        is_eos = tokens.eq(cfg.eos_id)
+        first = is_eos.int().argmax(dim=1)  # the first EOS (argmax returns the first maximum)
+        gen_len = torch.where(is_eos.any(dim=1), first + 1, gen_len)
+        after = torch.arange(cfg.max_len, device=tokens.device) >= gen_len[:, None]
+        tokens = tokens.masked_fill(after, pad)
+        logp = logp.masked_fill(after, 0.0)
+    log_probs = logp.sum(dim=1)
+    tokens = tokens[:, : int(gen_len.max())]
     return GenerationOutput(tokens, normalise(log_probs, gen_len, cfg.length_penalty), log_probs, gen_len)
 
 
@@ -167,6 +226,7 @@ def generate(
     prompt_lengths: Tensor | None = None,
     src_key_padding_mask: Tensor | None = None,
     generator: torch.Generator | None = None,
+    on_step: Callable[[int, Tensor], None] | None = None,
 ) -> GenerationOutput:
     """Generate with ``cfg.strategy`` ("greedy", "beam" or "sample"), under ``torch.no_grad``.
 
@@ -177,6 +237,11 @@ def generate(
         prompt_lengths: (B,) LM prompt lengths; default from ``pad_id`` (else all Tp).
         src_key_padding_mask: (B, Ts) bool, True at source padding; default from ``model.pad_id``.
         generator: sampling RNG (overrides ``cfg.seed``).
+        on_step: streaming (greedy and sampling, not beam): called after every decoding
+            step as ``on_step(i, tokens)`` with the (B,) ids just placed at the i-th position
+            after the shortest prompt (a row still inside its prompt gets its prompt token;
+            rows that already ended are not PAD-filled yet: the returned ``tokens`` are
+            final). With equal prompt lengths ``i`` is the generated token's index.
 
     Returns:
         :class:`GenerationOutput`.
@@ -194,6 +259,8 @@ def generate(
     pad = cfg.pad_id if cfg.pad_id is not None else getattr(model, "pad_id", None)
     if pad is None and cfg.eos_id is not None:
         raise TkError("generation with eos_id needs a pad_id to fill positions after EOS: set generate.pad_id")
+    if on_step is not None and cfg.strategy == "beam":
+        raise ValueError("on_step (streaming) works with strategy greedy or sample, not beam")
     k = cfg.beam_size if cfg.strategy == "beam" else 1
     with torch.no_grad():
         dec, prefix, lengths = _prepare(model, inputs, cfg, k, pad, prompt_lengths, src_key_padding_mask)
@@ -205,8 +272,8 @@ def generate(
             pick = partial(sample_next, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                            generator=generator)
         else:
-            pick = partial(torch.argmax, dim=-1)
-        return _decode_single(dec, prefix, lengths, cfg, pad, pick)
+            pick = None  # greedy: one max() per step gives the token and its logit
+        return _decode_single(dec, prefix, lengths, cfg, pad, pick, on_step)
 
 
 def greedy_decode(model: nn.Module, inputs: Tensor, **options) -> GenerationOutput:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import click
 
@@ -25,10 +26,18 @@ def generate(run_dir: str, overrides: tuple[str, ...], prompt: str, max_new_toke
     Settings are keys of the run's `generate:` section, set as overrides:
     tk generate runs/lm_synthetic --prompt "the cat" generate.strategy=sample \\
         generate.temperature=0.8 generate.top_k=20 generate.seed=0
-    The text is printed once generation has finished (not streamed).
+    Tokens are printed as they are generated (streamed).
     """
     task, model = load_run(run_dir, checkpoint, list(overrides))
     if task.name != "language_model":
         raise TkError(f"{run_dir} is a {task.name!r} run; tk generate needs a language_model run")
     cfg = task.gen_cfg if max_new_tokens is None else dataclasses.replace(task.gen_cfg, max_len=max_new_tokens)
-    click.echo(prompt + task.continue_text(model, prompt, cfg))
+    click.echo(prompt, nl=False)
+    sys.stdout.flush()
+    task.continue_text(model, prompt, cfg, on_text=_print_now)
+    click.echo()
+
+
+def _print_now(text: str) -> None:
+    click.echo(text, nl=False)
+    sys.stdout.flush()  # the terminal shows each token as it comes

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tk.core.errors import TkError
 
+HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # "gpt2", "openai-community/gpt2"
 UNK = "<unk>"  # char level: id 0; any character not seen in the training split maps to it
 
 
@@ -81,8 +83,15 @@ def load_tokenizer_json(text: str) -> CharTokenizer | BPETokenizer:
 
 
 def read_tokenizer_file(path: str) -> BPETokenizer:
-    """A given ``tokenizer.json`` (``data.tokenizer_file``)."""
+    """A given ``tokenizer.json`` (``data.tokenizer_file``), or a hub model name whose
+    ``tokenizer.json`` ``tokenizers`` downloads (e.g. ``gpt2``) when no such file exists."""
     p = Path(path).expanduser()
+    if not p.exists() and not path.endswith(".json") and HUB_ID.fullmatch(path):
+        try:
+            return BPETokenizer(Tokenizer.from_pretrained(path))
+        except Exception as e:  # no network, or no such repository
+            raise TkError(f"data.tokenizer_file: {path!r} is neither a file nor a hub model with a tokenizer.json "
+                          f"({e}); give a local tokenizer.json") from e
     if not p.is_file():
         raise TkError(f"data.tokenizer_file: no file at {path!r}; give a tokenizers tokenizer.json or set it to null")
     try:

@@ -441,3 +441,22 @@ def test_explicit_pos_offset_overrides_the_mask():
         derived = lm.decode_step(tokens, lm.init_cache(1, 4), key_padding_mask=no_pad)  # positions 0, 1
     assert torch.allclose(at3, at3_masked, atol=1e-6)
     assert not torch.allclose(at3, derived, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_gives_the_same_tokens():
+    import shutil
+
+    if not torch._dynamo.is_dynamo_supported() or shutil.which("g++") is None and shutil.which("cc") is None:
+        pytest.skip("torch.compile is not available here (dynamo unsupported or no C++ compiler)")
+    model, inputs = model_and_inputs("lm")
+    eager = generate(model, inputs, cfg(max_len=8))
+    try:
+        compiled = generate(model, inputs, cfg(max_len=8, compile=True))
+    except Exception as e:  # a broken toolchain is an environment problem, not a tk bug
+        if "compile" in type(e).__module__ or "Inductor" in type(e).__name__ or "Backend" in type(e).__name__:
+            pytest.skip(f"torch.compile failed here: {type(e).__name__}")
+        raise
+    assert torch.equal(eager.tokens, compiled.tokens)
+    assert torch.equal(eager.lengths, compiled.lengths)
+    torch.testing.assert_close(eager.scores, compiled.scores, atol=1e-4, rtol=1e-4)

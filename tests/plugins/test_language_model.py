@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from tk.core.cli import cli
+from tk.core.nn.decoding import GenerationConfig
 from tk.core.recipe import load_config
 from tk.core.step import StepOutput
 from tk.plugins.language_model.cli import generate
@@ -156,3 +157,179 @@ def test_resume_continues_exactly(tmp_path):
     result = runner.invoke(cli, ["run", "lm_synthetic", f"output_dir={halves}", "train.max_steps=6", "--resume", *small])
     assert result.exit_code == 0, result.output
     assert last_val(halves) == pytest.approx(last_val(straight), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- sampling, tokeniser, streaming
+
+
+def test_block_sampling_is_a_pure_function_of_seed_rank_step_and_covers_the_corpus(tmp_path):
+    from tk.core.data.loader import LoaderSpec
+
+    task = make_task(tmp_path, ["data.block_size=16"])
+    task.setup()
+
+    def batches(seed, rank, n):
+        loader = task.build_loader("train", LoaderSpec(batch_size=8, shuffle=True, seed=seed, rank=rank))
+        it = iter(loader)
+        return [next(it)["tokens"] for _ in range(n)]
+
+    a, b = batches(0, 0, 30), batches(0, 0, 30)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(batches(1, 0, 1)[0], a[0]) and not torch.equal(batches(0, 1, 1)[0], a[0])
+    # every block is the corpus at its offset, and the offsets reach both ends of the train split
+    train = torch.from_numpy(task.splits["train"].astype(np.int64))
+    sampler = task.build_loader("train", LoaderSpec(batch_size=8, seed=0)).batch_sampler
+    starts = [o for _, idx in zip(range(2000), sampler) for o in idx]
+    n_starts = len(train) - 17 + 1
+    assert min(starts) < 0.01 * n_starts
+    assert max(starts) > 0.99 * n_starts - 1 and max(starts) <= n_starts - 1
+    hist = np.bincount(np.array(starts) * 10 // n_starts, minlength=10)
+    assert hist.min() > 0.7 * len(starts) / 10  # roughly uniform over the corpus
+    first = batches(0, 0, 1)[0]
+    it = iter(task.build_loader("train", LoaderSpec(batch_size=8, seed=0)).batch_sampler)
+    for row, o in zip(first, next(it)):
+        assert torch.equal(row, train[o: o + 16])
+
+
+def test_char_tokenizer_round_trips_arbitrary_text():
+    rng = np.random.default_rng(0)
+    alphabet = list("abcXYZ 0123\n\t.,;:!?'\"") + ["é", "ß", "中", "🙂", "\u0301"]
+    text = "".join(rng.choice(alphabet, size=2000))
+    tok = CharTokenizer.train(text)
+    other = "".join(rng.choice(alphabet, size=500))
+    assert tok.decode(tok.encode(other)) == other
+    assert load_tokenizer_json(tok.to_json()).decode(tok.encode(other)) == other
+    assert tok.decode(tok.encode("aΩb")) == "a" + UNK + "b"  # unseen characters map to <unk>
+
+
+def test_text_stream_pieces_add_up_and_wait_for_whole_characters():
+    from tk.plugins.language_model.stream import TextStream
+
+    utf8 = "hé中".encode()  # byte "tokens": the decoder shows U+FFFD for an incomplete character
+    pieces = []
+    stream = TextStream(lambda ids: bytes(ids).decode("utf-8", errors="replace"), pieces.append, eos_id=None)
+    for i, b in enumerate(utf8):
+        stream(i, torch.tensor([b]))
+    stream.finish(utf8.decode())
+    assert pieces == ["h", "é", "中"]
+
+
+def test_continue_text_streams_every_token(tmp_path):
+    task = make_task(tmp_path)
+    task.setup()
+    model = task.build_model().eval()
+    pieces = []
+    cfg = GenerationConfig(strategy="sample", max_len=12, seed=0)
+    text = task.continue_text(model, "the cat", cfg, on_text=pieces.append)
+    assert len(pieces) == 12 and "".join(pieces) == text == task.continue_text(model, "the cat", cfg)
+
+
+def test_samples_are_written_at_each_evaluation(tmp_path):
+    run = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", "lm_synthetic", f"output_dir={run}", "data.num_sentences=300",
+                                      "data.eval_blocks=2", "model.dim=32", "model.depth=1", "train.max_steps=4",
+                                      "train.eval_every=2", "data.num_samples=2", "data.sample_prompt_len=8", *FAST])
+    assert result.exit_code == 0, result.output
+    files = sorted(p.name for p in (run / "samples").iterdir())
+    assert files == ["step_2.txt", "step_4.txt"]
+    text = (run / "samples" / "step_4.txt").read_text()
+    assert text.count("--- sample ") == 2
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_is_exact(tmp_path):
+    """An iteration-based run killed with SIGKILL mid-run and resumed ends with the weights
+    and per-step losses of an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    small = ["data.num_sentences=300", "data.eval_blocks=2", "model.dim=32", "model.depth=1", "train.batch_size=4",
+             "train.max_steps=120", "train.eval_every=40", "train.log_every=1", "data.num_samples=0",
+             "train.num_workers=0", "train.progress=false"]
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    assert CliRunner().invoke(cli, ["run", "lm_synthetic", f"output_dir={reference}", *small]).exit_code == 0
+    tk = str(Path(sys.executable).with_name("tk"))
+    proc = subprocess.Popen([tk, "run", "lm_synthetic", f"output_dir={killed}", "train.save_every=1", *small],
+                            env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(killed.glob("checkpoints/step_000000[2-9]*.pt")):  # step 20 or later saved
+        assert proc.poll() is None, f"the run ended before the test could kill it: {proc.communicate()}"
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    rows = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows) < 120  # it really stopped mid-run
+    result = CliRunner().invoke(cli, ["run", "lm_synthetic", f"output_dir={killed}", "--resume", *small])
+    assert result.exit_code == 0, result.output
+
+    def train_losses(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if r.get("split") == "train"}
+
+    assert train_losses(killed) == train_losses(reference)
+    ours, ref = load_file(killed / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+
+
+# ----------------------------------------------------------------------------- hub corpora (offline: save_to_disk)
+
+
+@pytest.fixture
+def saved_dataset(tmp_path):
+    import datasets
+
+    docs = synthetic_text(400, 1).split("\n")
+    folder = tmp_path / "hub_ds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs, "id": list(range(len(docs)))})}
+                         ).save_to_disk(str(folder))
+    return folder, docs
+
+
+def test_hub_dataset_with_a_text_column(tmp_path, saved_dataset):
+    folder, docs = saved_dataset
+    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", "data.split=train"])
+    task.setup()
+    text = "\n\n".join(d for d in docs if d)
+    assert task.tokenizer.decode(np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()) == text
+
+
+def test_hub_dataset_with_a_given_tokenizer_is_tokenised_in_batches(tmp_path, saved_dataset):
+    from tk.plugins.language_model.tokenizer import BPETokenizer
+
+    folder, docs = saved_dataset
+    tok_file = tmp_path / "tokenizer.json"
+    tok_file.write_text(BPETokenizer.train(synthetic_text(300, 2), 300).to_json())
+    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", f"data.tokenizer_file={tok_file}"])
+    task.setup()
+    tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16)
+    assert task.tokenizer.decode(tokens.tolist()) == "".join(d + "\n\n" for d in docs if d)
+    assert task.meta["num_tokens"] == len(tokens) == len(task.splits["train"]) + len(task.splits["val"])
+
+
+def test_hub_dataset_errors(tmp_path, saved_dataset):
+    folder, _ = saved_dataset
+    for override, message in ((["data.text_column=body"], "has no column 'body'"),
+                              (["data.split=validation"], "has no split 'validation'")):
+        result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=hub", f"data.dataset={folder}",
+                                          *override, f"output_dir={tmp_path / 'run'}", *FAST])
+        assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_bits_per_byte_for_bpe(tmp_path):
+    task = make_task(tmp_path, ["data.tokenizer=bpe", "data.bpe_vocab_size=300", "data.eval_blocks=3"])
+    task.setup()
+    metric = task.build_metrics(None)["lm"]
+    targets = task.splits["val"][1: 3 * 64 + 1].tolist()
+    n_bytes = len(task.tokenizer.decode(targets).encode("utf-8"))
+    metric.update(StepOutput(loss=torch.tensor(0.7 * len(targets)), num_items=len(targets)), {})
+    out = metric.compute()
+    assert out["bits_per_byte"] == pytest.approx(0.7 * len(targets) / math.log(2) / n_bytes)
+    assert "bits_per_byte" not in make_task(tmp_path / "c").build_metrics(None)["lm"].keys()
