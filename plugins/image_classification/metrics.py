@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from tk.core.confusion import save_confusion_png
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext
 
@@ -60,7 +61,8 @@ class ConfusionMatrix(Metric):
         with open(out_dir / f"{ctx.key_prefix}_per_class.tsv", "w", encoding="utf-8") as f:
             f.write("class\timages\tcorrect\taccuracy\n")
             f.writelines(f"{name}\t{n}\t{c}\t{acc:.4f}\n" for name, n, c, acc in self.per_class())
-        save_confusion_png(self.matrix.cpu(), self.class_names, str(out_dir / f"{ctx.key_prefix}_confusion.png"))
+        save_confusion_png(self.matrix.cpu(), self.class_names, str(out_dir / f"{ctx.key_prefix}_confusion.png"),
+                           noun="images")
 
 
 class HeadAccuracy(Metric):
@@ -87,27 +89,3 @@ class HeadAccuracy(Metric):
     def compute(self) -> dict[str, float]:
         total = int(self.total.item())
         return {f"top1_{self.head}": int(self.correct.item()) / total if total else float("nan")}
-
-
-def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: str) -> None:
-    """Row-normalised (C, C) confusion matrix as a heat map (matplotlib, Agg canvas)."""
-    # Figure + FigureCanvasAgg directly: no pyplot, so no global backend switch or GUI
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    C = matrix.shape[0]
-    rates = matrix.double() / matrix.sum(1, keepdim=True).clamp(min=1)
-    side = min(4 + 0.35 * C, 24)
-    fig = Figure(figsize=(side, side * 0.85))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    image = ax.imshow(rates.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    if C <= 30:  # beyond that, names overlap: leave index ticks
-        ax.set_xticks(range(C), list(class_names), rotation=90, fontsize=8)
-        ax.set_yticks(range(C), list(class_names), fontsize=8)
-    ax.set_title(f"confusion matrix (row-normalised), {int(matrix.sum())} images")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)

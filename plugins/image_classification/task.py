@@ -25,8 +25,8 @@ from tk.plugins.image_classification.metrics import ConfusionMatrix, HeadAccurac
 from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
 from tk.plugins.image_classification.model import ModelConfig, both_heads, build_classifier, check_model, is_distilled
 from tk.plugins.image_classification.predict import PredictConfig
-from tk.plugins.image_classification.samples import SampleGrid
 from tk.plugins.image_classification.pretrained import load_pretrained_timm, load_pretrained_vit, vit_layer_id_fn
+from tk.plugins.image_classification.samples import SampleGrid
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
     build_eval_transform,

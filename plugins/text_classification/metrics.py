@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
+from tk.core.confusion import save_confusion_png
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext
-from tk.plugins.text_classification.plots import save_confusion_png
 
 
 def _f1(tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:

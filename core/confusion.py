@@ -1,9 +1,5 @@
-"""The confusion matrix as a PNG (matplotlib, Agg canvas).
-
-Follows ``tk.plugins.image_classification.metrics.save_confusion_png`` (a plugin may import
-only from core, so the drawing is repeated here; both belong in core), with the counts
-written into the cells of a small matrix.
-"""
+"""The confusion matrix as a PNG (matplotlib, Agg canvas), shared by the classification
+plugins; a small matrix gets the counts written into its cells."""
 
 from __future__ import annotations
 
@@ -16,13 +12,14 @@ __all__ = ["save_confusion_png"]
 _ANNOTATE_MAX = 12  # classes up to which each cell shows its count
 
 
-def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: str) -> None:
+def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: str, noun: str = "examples") -> None:
     """Row-normalised (C, C) confusion matrix (rows true, columns predicted) as a heat map.
 
     Args:
         matrix: (C, C) counts.
         class_names: the C names, in index order.
         path: the PNG to write.
+        noun: what the title counts ("examples", "images").
     """
     # Figure + FigureCanvasAgg directly: no pyplot, so no global backend switch or GUI
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only evaluation writes plots
@@ -46,6 +43,6 @@ def save_confusion_png(matrix: torch.Tensor, class_names: Sequence[str], path: s
             for j in range(C):
                 ax.text(j, i, str(int(matrix[i, j])), ha="center", va="center", fontsize=8,
                         color="white" if rates[i, j] > 0.5 else "black")
-    ax.set_title(f"confusion matrix (row-normalised), {int(matrix.sum())} examples", fontsize=10)
+    ax.set_title(f"confusion matrix (row-normalised), {int(matrix.sum())} {noun}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
