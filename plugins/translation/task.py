@@ -53,6 +53,7 @@ class DecodeConfig:
     max_len_a: float = 1.5  # longest output = max_len_a * source tokens + max_len_b
     max_len_b: int = 10  # see max_len_a
     bleu_every: int = 1  # BLEU/chrF on every n-th periodic evaluation (and always at the end)
+    periodic_beam_size: int | None = None  # beam at periodic (mid-training) evaluations; None = beam_size
     batch_size: int = 64  # tk translate: lines per decoding batch
 
 
@@ -106,6 +107,8 @@ class TranslationTask(Task):
             problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 8")
         if dec.beam_size < 1 or dec.bleu_every < 0 or dec.batch_size < 1:
             problems.append("decode.beam_size and decode.batch_size must be >= 1, decode.bleu_every >= 0")
+        if dec.periodic_beam_size is not None and dec.periodic_beam_size < 1:
+            problems.append(f"decode.periodic_beam_size ({dec.periodic_beam_size}) must be >= 1 or null")
         best = cfg.train.best_metric or ""
         if best.endswith(("/bleu", "/chrf")) and dec.bleu_every != 1:
             problems.append(f"train.best_metric ({best!r}) needs BLEU on every evaluation: set decode.bleu_every=1 "
@@ -202,7 +205,8 @@ class TranslationTask(Task):
     def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
         out = self.loss(model, batch)
         if ctx.every(self.decode_cfg.bleu_every):
-            hyps = self.decode(model, batch["src"])
+            beam = self.decode_cfg.periodic_beam_size if ctx.kind == "periodic" else None
+            hyps = self.decode(model, batch["src"], beam)
             out.outputs = {"hyps": list(zip(batch["id"].tolist(), hyps))}
         return out
 
