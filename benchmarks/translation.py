@@ -150,6 +150,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run of seconds)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per variant")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--steps", type=int, default=None, help="training batches per repetition (default 6; quick 3)")
     p.add_argument("--out-len", type=int, default=30, help="decoded tokens per sentence")
     args = p.parse_args()
     if args.threads:
@@ -162,8 +163,8 @@ def main() -> None:
     else:  # the Multi30k CPU recipe's model and batch size
         cfg = TransformerConfig(dim=256, depth=3, num_heads=4, hidden_dim=1024, dropout=0.1, max_len=256,
                                 share_embeddings=True)
-        vocab, pairs, max_tokens, steps, warmup, dec_batch, out_len = 8000, 2000, 2048, 8, 2, 16, args.out_len
-    batches = make_batches(pairs, vocab, max_tokens, seed=0)[:steps]
+        vocab, pairs, max_tokens, steps, warmup, dec_batch, out_len = 8000, 2000, 2048, 6, 1, 16, args.out_len
+    batches = make_batches(pairs, vocab, max_tokens, seed=0)[: args.steps or steps]
     train = bench_training(cfg, vocab, batches, args.reps, warmup)
     dec = bench_decoding(cfg, vocab, dec_batch, 24, out_len, args.reps)
     print(f"model: dim {cfg.dim}, {cfg.depth}+{cfg.depth} layers, {cfg.num_heads} heads, ffn {cfg.ffn_dim}, "

@@ -82,7 +82,7 @@ class TranslationTask(Task):
         self.src_vocab: Vocab | None = None
         self.tgt_vocab: Vocab | None = None
         self._datasets: dict[str, ParallelDataset] = {}
-        self.tokenizer_trained = False  # True only where this process trained the tokenizer(s)
+        self.tokenizer_trained = False  # True only where this process trained the tokenizer(s) (not given ones)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -129,7 +129,7 @@ class TranslationTask(Task):
                           f"run's artifacts/ folder (a tokenizer is never retrained on resume)")
         else:
             toks = self._train_tokenizers()
-            self.tokenizer_trained = True
+            self.tokenizer_trained = self.tok_cfg.path is None
             if self.run_dir is not None:
                 for name, tok in zip(names, toks):
                     self.files.write_text(name, tok.to_str(pretty=True))

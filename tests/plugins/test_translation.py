@@ -185,6 +185,7 @@ def test_given_tokenizer_json_is_used_not_retrained(tmp_path):
     given = train_tokenizer(texts, TokenizerConfig(vocab_size=30))
     given.save(str(tmp_path / "given.json"))
     task = make_task([f"tokenizer.path={tmp_path}/given.json", "tokenizer.vocab_size=40"], run_dir=tmp_path / "run")
+    assert not task.tokenizer_trained
     assert task.src_vocab.size == given.get_vocab_size() <= 30  # the file's vocabulary, not a new one of 40
     assert task.src_vocab.encode(texts[:10]) == [e.ids for e in given.encode_batch(texts[:10])]
     saved = (tmp_path / "run" / "artifacts" / JOINT_FILE).read_text()
