@@ -151,6 +151,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per variant")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--steps", type=int, default=None, help="training batches per repetition (default 6; quick 3)")
+    p.add_argument("--part", choices=("all", "train", "decode"), default="all", help="which measurement(s) to run")
     p.add_argument("--out-len", type=int, default=30, help="decoded tokens per sentence")
     args = p.parse_args()
     if args.threads:
@@ -165,8 +166,12 @@ def main() -> None:
                                 share_embeddings=True)
         vocab, pairs, max_tokens, steps, warmup, dec_batch, out_len = 8000, 2000, 2048, 6, 1, 16, args.out_len
     batches = make_batches(pairs, vocab, max_tokens, seed=0)[: args.steps or steps]
-    train = bench_training(cfg, vocab, batches, args.reps, warmup)
-    dec = bench_decoding(cfg, vocab, dec_batch, 24, out_len, args.reps)
+    nan = float("nan")
+    train = (bench_training(cfg, vocab, batches, args.reps, warmup) if args.part != "decode" else
+             {"params": sum(p.numel() for p in EncoderDecoder(cfg, vocab, vocab).parameters()), "batches": 0,
+              "target_tokens": 0, "tokens_per_s": {"tk": nan, "nn.Transformer": nan}, "ratio": nan})
+    dec = (bench_decoding(cfg, vocab, dec_batch, 24, out_len, args.reps) if args.part != "train" else
+           {"sentences_per_s": {"cached": nan, "uncached": nan}, "ratio": nan, "tokens_equal": None, "out_len": 0})
     print(f"model: dim {cfg.dim}, {cfg.depth}+{cfg.depth} layers, {cfg.num_heads} heads, ffn {cfg.ffn_dim}, "
           f"vocab {vocab} (shared), {train['params']:,} parameters; threads {torch.get_num_threads()}")
     print(f"training: {train['batches']} batches of <= {max_tokens} padded tokens, {train['target_tokens']} target "
