@@ -184,14 +184,17 @@ def main() -> None:
         print(f"{'beam-4 sent/s ' + k:<28}{v:>14.2f}")
     print(f"{'beam-4 cache speed-up':<28}{dec['ratio']:>14.2f}   ({dec['out_len']}-token outputs, "
           f"batch {dec_batch}, tokens equal: {dec['tokens_equal']})")
+    def r(x: float, digits: int) -> float | None:  # null for a part that was not run
+        return None if math.isnan(x) else round(x, digits)
+
     print(json.dumps({
         "benchmark": "translation", "quick": args.quick, "threads": torch.get_num_threads(),
-        "train_tokens_per_s_tk": round(train["tokens_per_s"]["tk"], 1),
-        "train_tokens_per_s_nn_transformer": round(train["tokens_per_s"]["nn.Transformer"], 1),
-        "train_ratio": round(train["ratio"], 3),
-        "beam4_sent_per_s_cached": round(dec["sentences_per_s"]["cached"], 3),
-        "beam4_sent_per_s_uncached": round(dec["sentences_per_s"]["uncached"], 3),
-        "cache_speedup": round(dec["ratio"], 3), "out_len": dec["out_len"], "tokens_equal": dec["tokens_equal"],
+        "train_tokens_per_s_tk": r(train["tokens_per_s"]["tk"], 1),
+        "train_tokens_per_s_nn_transformer": r(train["tokens_per_s"]["nn.Transformer"], 1),
+        "train_ratio": r(train["ratio"], 3),
+        "beam4_sent_per_s_cached": r(dec["sentences_per_s"]["cached"], 3),
+        "beam4_sent_per_s_uncached": r(dec["sentences_per_s"]["uncached"], 3),
+        "cache_speedup": r(dec["ratio"], 3), "out_len": dec["out_len"], "tokens_equal": dec["tokens_equal"],
     }))
 
 
