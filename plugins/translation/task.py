@@ -53,6 +53,7 @@ class DecodeConfig:
     max_len_a: float = 1.5  # longest output = max_len_a * source tokens + max_len_b
     max_len_b: int = 10  # see max_len_a
     bleu_every: int = 1  # BLEU/chrF on every n-th periodic evaluation (and always at the end)
+    periodic_beam_size: int | None = None  # beam at periodic (mid-training) evaluations; None = beam_size
     batch_size: int = 64  # tk translate: lines per decoding batch
 
 
@@ -81,7 +82,7 @@ class TranslationTask(Task):
         self.src_vocab: Vocab | None = None
         self.tgt_vocab: Vocab | None = None
         self._datasets: dict[str, ParallelDataset] = {}
-        self.tokenizer_trained = False  # True only where this process trained the tokenizer(s)
+        self.tokenizer_trained = False  # True only where this process trained the tokenizer(s) (not given ones)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -106,6 +107,8 @@ class TranslationTask(Task):
             problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 8")
         if dec.beam_size < 1 or dec.bleu_every < 0 or dec.batch_size < 1:
             problems.append("decode.beam_size and decode.batch_size must be >= 1, decode.bleu_every >= 0")
+        if dec.periodic_beam_size is not None and dec.periodic_beam_size < 1:
+            problems.append(f"decode.periodic_beam_size ({dec.periodic_beam_size}) must be >= 1 or null")
         best = cfg.train.best_metric or ""
         if best.endswith(("/bleu", "/chrf")) and dec.bleu_every != 1:
             problems.append(f"train.best_metric ({best!r}) needs BLEU on every evaluation: set decode.bleu_every=1 "
@@ -126,7 +129,7 @@ class TranslationTask(Task):
                           f"run's artifacts/ folder (a tokenizer is never retrained on resume)")
         else:
             toks = self._train_tokenizers()
-            self.tokenizer_trained = True
+            self.tokenizer_trained = self.tok_cfg.path is None
             if self.run_dir is not None:
                 for name, tok in zip(names, toks):
                     self.files.write_text(name, tok.to_str(pretty=True))
@@ -202,7 +205,8 @@ class TranslationTask(Task):
     def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
         out = self.loss(model, batch)
         if ctx.every(self.decode_cfg.bleu_every):
-            hyps = self.decode(model, batch["src"])
+            beam = self.decode_cfg.periodic_beam_size if ctx.kind == "periodic" else None
+            hyps = self.decode(model, batch["src"], beam)
             out.outputs = {"hyps": list(zip(batch["id"].tolist(), hyps))}
         return out
 

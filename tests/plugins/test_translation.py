@@ -3,6 +3,10 @@ task files, an end-to-end run scored with sacreBLEU, and ``tk translate``."""
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -171,3 +175,102 @@ def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
     assert len(hyps) == 5
     assert sacrebleu.corpus_bleu(hyps, [[t for _, t in val[:5]]]).score > copy_bleu + 20, hyps
     assert (run / "artifacts" / JOINT_FILE).read_bytes() == before
+
+
+# -- tokenizer variants -------------------------------------------------------------------
+def test_given_tokenizer_json_is_used_not_retrained(tmp_path):
+    from tk.plugins.translation.tokenizer import TokenizerConfig, train_tokenizer
+
+    texts = [s for pair in read_pairs(make_task().data, "train") for s in pair]
+    given = train_tokenizer(texts, TokenizerConfig(vocab_size=30))
+    given.save(str(tmp_path / "given.json"))
+    task = make_task([f"tokenizer.path={tmp_path}/given.json", "tokenizer.vocab_size=40"], run_dir=tmp_path / "run")
+    assert not task.tokenizer_trained
+    assert task.src_vocab.size == given.get_vocab_size() <= 30  # the file's vocabulary, not a new one of 40
+    assert task.src_vocab.encode(texts[:10]) == [e.ids for e in given.encode_batch(texts[:10])]
+    saved = (tmp_path / "run" / "artifacts" / JOINT_FILE).read_text()
+    assert json.loads(saved)["model"] == json.loads(given.to_str())["model"]  # stored with the run
+    (tmp_path / "bad.json").write_text(given.to_str().replace('"<unk>"', '"<oov>"'))
+    with pytest.raises(TkError, match=r"lacks the special tokens \['<unk>'\]"):
+        make_task([f"tokenizer.path={tmp_path}/bad.json"])
+    with pytest.raises(TkError, match="tokenizer file not found"):
+        make_task([f"tokenizer.path={tmp_path}/missing.json"])
+
+
+def test_unigram_tokenizer_has_fixed_specials_and_round_trips():
+    task = make_task(["tokenizer.kind=unigram"])
+    vocab = task.src_vocab
+    assert type(vocab.tok.model).__name__ == "Unigram"
+    assert (vocab.pad, vocab.bos, vocab.eos, vocab.unk) == (0, 1, 2, 3)
+    texts = [s for s, _ in read_pairs(task.data, "val")[:10]]
+    ids = vocab.encode(texts)
+    assert all(i >= 4 for seq in ids for i in seq)  # no specials inside plain text
+    assert vocab.decode(ids) == texts
+
+
+def test_separate_vocabularies_two_task_files_and_model(tmp_path):
+    (tmp_path / "train.en").write_text("the cat sees a dog\na dog sees the cat\nthe cat runs\n" * 4)
+    (tmp_path / "train.de").write_text("die katze sieht einen hund\nein hund sieht die katze\ndie katze rennt\n" * 4)
+    files = ["data.source=files", f"data.train_prefix={tmp_path}/train", f"data.val_prefix={tmp_path}/train",
+             "tokenizer.min_frequency=1", "tokenizer.joint=false"]
+    with pytest.raises(TkError, match="share_embeddings: needs one joint vocabulary"):
+        make_task(files)
+    run = tmp_path / "run"
+    task = make_task(files + ["model.share_embeddings=false"], run_dir=run)
+    assert (run / "artifacts" / "tokenizer.src.json").is_file() and (run / "artifacts" / "tokenizer.tgt.json").is_file()
+    assert not (run / "artifacts" / JOINT_FILE).exists()
+    src_tokens, tgt_tokens = set(task.src_vocab.tok.get_vocab()), set(task.tgt_vocab.tok.get_vocab())
+    assert "▁katze" in tgt_tokens and "▁katze" not in src_tokens and "▁cat" in src_tokens
+    model = task.build_model()
+    assert model.src_embed is not model.tgt_embed
+    assert model.src_embed.weight.shape[0] == task.src_vocab.size and model.lm_head.out_features == task.tgt_vocab.size
+    batch = task.collate([task.build_dataset("train")[i] for i in range(3)])
+    assert torch.isfinite(task.loss(model, batch).loss)
+    reloaded = make_task(files + ["model.share_embeddings=false"], run_dir=run, resume=True)
+    assert not reloaded.tokenizer_trained and reloaded.tgt_vocab.encode(["die katze"]) == task.tgt_vocab.encode(
+        ["die katze"])
+
+
+def test_periodic_beam_size_is_checked():
+    with pytest.raises(TkError, match=r"decode\.periodic_beam_size \(0\) must be >= 1"):
+        make_task(["decode.periodic_beam_size=0"])
+
+
+# -- tk translate --checkpoint ----------------------------------------------------------------
+def test_translate_checkpoint_option_uses_that_checkpoint(tmp_path):
+    from tk.core.engine.inference import load_run
+
+    run = tmp_path / "run"
+    args = ["run", "translation_reverse", f"output_dir={run}", *TINY, "train.max_steps=2", "train.eval_every=1",
+            "train.save_every=1", "train.keep_last=5", "train.progress=false", "optim.lr=0.05"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    lines = [s for s, _ in read_pairs(make_task().data, "val")[:4]]
+    step1 = run / "checkpoints" / "step_00000001.pt"
+    for option, source in (("last", "last"), (str(step1), str(step1)), ("step_00000001.pt", str(step1))):
+        out = CliRunner().invoke(cli, ["translate", str(run), "-", "--checkpoint", option, "--beam", "2"],
+                                 input="\n".join(lines) + "\n")
+        assert out.exit_code == 0, out.output
+        task, model = load_run(run, source)
+        assert out.stdout.split("\n")[:4] == task.translate(model, lines, beam_size=2), option
+    bad = CliRunner().invoke(cli, ["translate", str(run), "-", "--checkpoint", "nope.pt"], input="a\n")
+    assert bad.exit_code != 0 and "checkpoint not found" in bad.output
+
+
+@pytest.mark.slow
+def test_two_processes_with_token_budgets_finish(tmp_path):
+    """torchrun, 2 gloo processes on CPU: each rank gets its share of the token-budget
+    batches (the same number, or DDP would hang), rank 0 trains the tokenizer and writes
+    the metrics, BLEU is computed over both ranks' hypotheses."""
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("tk")), "run", "translation_reverse", f"output_dir={run}",
+         "--nproc-per-node", "2", *TINY, "data.max_tokens=128", "train.max_steps=4", "train.eval_every=2",
+         "train.log_every=1", "train.progress=false", "train.device=cpu"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "(2 processes)" in proc.stdout and proc.stdout.count("done: ") == 1
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evals if "val/bleu" in r] == [2, 4]  # written once per evaluation
+    assert json.loads((run / "artifacts" / "data_report.json").read_text())["val"]["kept"] == 20
+    assert len((run / "eval" / "val_step4.hyp.txt").read_text().splitlines()) == 20  # both ranks' halves
