@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.data.samplers import RandomBlockSampler
 from tk.core.engine.distributed import is_main_process
+from tk.core.engine.media import Text
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
@@ -81,9 +82,11 @@ class LMMetrics(Metric):
     """Bits per token, perplexity (= exp(nats per token)) and, for char level, bits per char;
     with ``bytes_per_token`` (BPE), bits per UTF-8 byte of the evaluated text."""
 
-    def __init__(self, per_char: bool, bytes_per_token: float | None = None) -> None:
+    def __init__(self, per_char: bool, bytes_per_token: float | None = None,
+                 samples: Callable[[EvalContext], str | None] | None = None) -> None:
         super().__init__()
         self.per_char, self.bytes_per_token = per_char, bytes_per_token
+        self._samples = samples  # the evaluation's generated samples, for the loggers
         self.add_state("nats", torch.zeros((), dtype=torch.float64))
         self.add_state("count", torch.zeros((), dtype=torch.float64))
 
@@ -103,6 +106,11 @@ class LMMetrics(Metric):
         if self.bytes_per_token:
             out["bits_per_byte"] = out["bits_per_token"] / self.bytes_per_token
         return out
+
+    def media(self, ctx: EvalContext) -> list[Text]:
+        """This evaluation's samples (also in ``samples/step_N.txt``) as one text item."""
+        text = self._samples(ctx) if self._samples is not None else None
+        return [Text(f"{ctx.key_prefix}/samples", text)] if text else []
 
 
 def gpt2_init(model: DecoderOnlyLM, depth: int) -> None:
@@ -128,6 +136,7 @@ class LanguageModelTask(Task):
         self.splits: dict[str, np.ndarray] = {}
         self.meta: dict[str, Any] = {}
         self._sampled: set[tuple] = set()  # evaluations that already wrote their samples
+        self._sample_text: dict[tuple, str] = {}  # their text, handed to the loggers as media
         self._bytes_per_token: float | None = None  # of the eval targets (bits per byte), computed once
 
     @classmethod
@@ -285,7 +294,8 @@ class LanguageModelTask(Task):
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
         char = self.meta.get("kind") == "char"
-        return {"lm": LMMetrics(per_char=char, bytes_per_token=None if char else self._eval_bytes_per_token())}
+        return {"lm": LMMetrics(per_char=char, bytes_per_token=None if char else self._eval_bytes_per_token(),
+                                samples=lambda c: self._sample_text.get((c.step, c.kind, c.index, c.key_prefix)))}
 
     def _eval_bytes_per_token(self) -> float | None:
         """UTF-8 bytes per token of the evaluated targets (the val tokens the eval blocks predict);
@@ -337,10 +347,10 @@ class LanguageModelTask(Task):
         key = (ctx.step, ctx.kind, ctx.index, ctx.key_prefix)
         if self.data.num_samples and self.run_dir is not None and key not in self._sampled and is_main_process():
             self._sampled.add(key)
-            self._write_samples(model, batch["tokens"], ctx)
+            self._sample_text = {key: self._write_samples(model, batch["tokens"], ctx)}  # only the latest is kept
         return self.loss(model, batch)
 
-    def _write_samples(self, model: nn.Module, tokens: torch.Tensor, ctx: EvalContext) -> None:
+    def _write_samples(self, model: nn.Module, tokens: torch.Tensor, ctx: EvalContext) -> str:
         n = min(self.data.num_samples, tokens.shape[0])
         prompt_len = min(self.data.sample_prompt_len, self.data.block_size - 1)
         cfg = dataclasses.replace(self.gen_cfg, max_len=min(self.gen_cfg.max_len, self.data.block_size - prompt_len))
@@ -353,6 +363,7 @@ class LanguageModelTask(Task):
         path = Path(self.run_dir) / SAMPLES_DIR / f"step_{ctx.step}{suffix}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(parts), encoding="utf-8")
+        return "".join(parts)
 
     def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
         """``{"input": prompt, "generated": text}`` per prompt (``generate:`` settings)."""

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import sacrebleu
 import torch
 
+from tk.core.engine.media import Text
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext, StepOutput
 
@@ -39,8 +40,11 @@ class CorpusBleu(Metric):
     """sacreBLEU corpus BLEU (13a tokenisation) and chrF of ``out.outputs["hyps"]``, a list of
     ``(example id, detokenised hypothesis)``, against ``refs[id]`` (the raw target lines).
 
-    ``write`` saves the hypotheses in dataset order and the metric signatures.
+    ``write`` saves the hypotheses in dataset order and the metric signatures; ``media``
+    gives the first few (source, reference, hypothesis) triples to the run's loggers.
     """
+
+    num_media: int = 5  # translations shown per evaluation in TensorBoard / W&B / media/
 
     def __init__(self, refs: list[str], sources: list[str]) -> None:
         super().__init__()
@@ -68,6 +72,13 @@ class CorpusBleu(Metric):
         if self._bleu is None:
             return {}
         return {"bleu": str(self._bleu.get_signature()), "chrf": str(self._chrf.get_signature())}
+
+    def media(self, ctx: EvalContext) -> list[Text]:
+        """The first ``num_media`` translations (in dataset order) as one text item."""
+        shown = sorted(self.hyps)[: self.num_media]
+        lines = [f"src: {self.sources[i]}\nref: {self.refs[i]}\nhyp: {h}\n" for i, h in shown
+                 if i < len(self.refs) and i < len(self.sources)]
+        return [Text(f"{ctx.key_prefix}/translations", "\n".join(lines))] if lines else []
 
     def write(self, out_dir: Path, ctx: EvalContext) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -234,6 +234,8 @@ def test_samples_are_written_at_each_evaluation(tmp_path):
     assert files == ["step_2.txt", "step_4.txt"]
     text = (run / "samples" / "step_4.txt").read_text()
     assert text.count("--- sample ") == 2
+    # the same samples reach the run's loggers as text media
+    assert (run / "media" / "val_samples_step_00000004.txt").read_text() == text
 
 
 @pytest.mark.slow

@@ -274,3 +274,16 @@ def test_two_processes_with_token_budgets_finish(tmp_path):
     assert [r["step"] for r in evals if "val/bleu" in r] == [2, 4]  # written once per evaluation
     assert json.loads((run / "artifacts" / "data_report.json").read_text())["val"]["kept"] == 20
     assert len((run / "eval" / "val_step4.hyp.txt").read_text().splitlines()) == 20  # both ranks' halves
+
+
+def test_bleu_metric_logs_the_first_translations_as_text():
+    """The first translations in dataset order (source, reference, hypothesis) go to the loggers."""
+    from tk.core.engine.media import Text
+    from tk.core.step import EvalContext
+    from tk.plugins.translation.metrics import CorpusBleu
+
+    metric = CorpusBleu(refs=["ein Hund", "eine Katze", "ein Haus"], sources=["a dog", "a cat", "a house"])
+    metric.hyps = [(2, "ein Haus"), (0, "ein Hund")]  # as merged from processes, not in order
+    [item] = metric.media(EvalContext(split="val", step=7))
+    assert isinstance(item, Text) and item.tag == "val/translations"
+    assert item.text == "src: a dog\nref: ein Hund\nhyp: ein Hund\n\nsrc: a house\nref: ein Haus\nhyp: ein Haus\n"
