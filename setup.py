@@ -59,7 +59,7 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7.4", "transformers>=4.40"],
+        "test": ["pytest>=7.4", "transformers>=4.40", "tensorboard>=2.14"],  # tensorboard: the logger tests read its event files
         "tensorboard": ["tensorboard>=2.14"],  # train.loggers: [tensorboard]
         "wandb": ["wandb>=0.17"],  # train.loggers: [wandb]
     },

@@ -51,13 +51,16 @@ def check_distill(cfg: DistillConfig) -> list[str]:
         problems.append(f"distill.alpha ({cfg.alpha}) must be in [0, 1]")
     if not cfg.tau > 0:
         problems.append(f"distill.tau ({cfg.tau}) must be > 0")
-    if cfg.type != "none" and cfg.teacher and not Path(cfg.teacher).expanduser().exists():
-        if not timm.is_model(cfg.teacher):
-            problems.append(f"distill.teacher ({cfg.teacher!r}) is neither an existing tk run dir / checkpoint file "
-                            f"nor a timm model name; train the teacher first (its output_dir) or name a timm model")
-    if cfg.type != "none" and cfg.teacher_file and not Path(cfg.teacher_file).expanduser().is_file():
-        problems.append(f"distill.teacher_file ({cfg.teacher_file}) does not exist; give the teacher's "
-                        f".safetensors / .pth weights")
+    # a path may be a teacher run still to be trained: paths are checked when the run starts;
+    # a bare name must be a timm model, so a typo fails here, before anything runs
+    name = cfg.teacher or ""
+    looks_like_path = "/" in name or "\\" in name or name.endswith((".pt", ".pth", ".safetensors"))
+    if cfg.type != "none" and name and not looks_like_path and not Path(name).expanduser().exists():
+        if not timm.is_model(name):
+            close = timm.list_models(f"*{name}*")[:5]
+            hint = f" (close timm names: {', '.join(close)})" if close else ""
+            problems.append(f"distill.teacher ({name!r}) is not a timm model name{hint}; for a tk teacher run give "
+                            f"its run dir as a path, e.g. runs/{name}")
     return problems
 
 

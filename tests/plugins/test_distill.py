@@ -111,17 +111,20 @@ def test_teacher_with_other_class_names_fails(tmp_path):
         load_teacher(DistillConfig(type="soft", teacher=str(teacher_dir)), ["other"] + names[1:])
 
 
-def test_validate_names_a_missing_teacher(tmp_path):
-    """`tk validate` (before any training) names a teacher path that does not exist, and
-    writes nothing."""
-    missing = tmp_path / "runs" / "no_teacher"
-    result = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", f"distill.teacher={missing}",
-                                      "model.distilled=true", f"output_dir={tmp_path / 'out'}"])
+def test_a_teacher_typo_or_missing_run_fails_before_training(tmp_path):
+    """A bare teacher name that is no timm model fails `tk validate`; a teacher path that does
+    not exist (a run still to train is fine to validate) fails `tk run` before any update."""
+    result = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", "distill.teacher=resnet18x",
+                                      "model.distilled=true"])
     assert result.exit_code == 2, result.output
-    assert "distill.teacher" in result.output and str(missing) in result.output and "timm" in result.output
-    ok = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", "distill.teacher=resnet18"])
+    assert "distill.teacher" in result.output and "resnet18x" in result.output and "resnet18" in result.output
+    missing = tmp_path / "runs" / "no_teacher"
+    ok = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", f"distill.teacher={missing}"])
     assert ok.exit_code == 0, ok.output
-    assert not (tmp_path / "out").exists()
+    run = CliRunner().invoke(cli, ["run", "quickstart", "distill.type=hard", f"distill.teacher={missing}",
+                                   f"output_dir={tmp_path / 'out'}", *TINY])
+    assert run.exit_code != 0 and str(missing) in run.output + (run.stderr or "")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
 def test_teacher_gets_no_grad():
