@@ -201,7 +201,7 @@ class CurvesWriter:
             return
         try:
             plot_runs([self.run_dir], output=self.run_dir / "curves.png")
-        except (OSError, TkError, ValueError) as e:  # a picture must never cost the run
+        except Exception as e:  # a picture must never cost the run (matplotlib raises many kinds)
             warnings.warn(f"could not write {self.run_dir / 'curves.png'}: {e}", stacklevel=2)
         self._last = time.monotonic()
         self._cost = self._last - start

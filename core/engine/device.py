@@ -11,10 +11,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from tk.core.config import ConfigError
+from tk.core.engine.loggers import missing_logger_packages
 from tk.core.engine.precision import check_precision
 from tk.core.errors import TkError
 
-__all__ = ["resolve_device", "preflight", "seed_everything", "enable_grad_checkpointing", "move_to_device"]
+__all__ = ["resolve_device", "preflight", "check_logger_packages", "seed_everything", "enable_grad_checkpointing", "move_to_device"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -42,13 +44,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def check_logger_packages(cfg) -> None:
+    """``train.loggers`` whose package this machine lacks: one ConfigError with the install lines."""
+    missing = missing_logger_packages(cfg.train.loggers)
+    if missing:
+        raise ConfigError(cfg.source, missing)
+
+
 def preflight(cfg) -> torch.device:
-    """Checks that need the machine (device, precision support), run by ``tk validate``
-    and before a run directory is created.
+    """Checks that need the machine (device, precision support, the loggers' packages),
+    run by ``tk validate`` and before a run directory is created.
 
     Raises:
-        TkError: see :func:`resolve_device` and :class:`~tk.core.engine.precision.Precision`.
+        TkError: see :func:`resolve_device` and :class:`~tk.core.engine.precision.Precision`;
+            a logger whose package is missing (with its ``pip install`` line).
     """
+    check_logger_packages(cfg)
     device = resolve_device(cfg.train.device)
     problem = check_precision(cfg.train.precision, device)
     if problem:

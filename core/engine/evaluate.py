@@ -70,7 +70,12 @@ def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precis
         except OSError as e:  # a read-only or full run dir must not cost the computed metrics
             warnings.warn(f"could not write the evaluation files into {out_dir}: {e}", stacklevel=2)
     if media is not None and is_main_process():
-        media([item for metric in metrics.metrics.values() if callable(getattr(metric, "media", None))
-               for item in metric.media(ctx)])
+        try:
+            items = [item for metric in metrics.metrics.values() if callable(getattr(metric, "media", None))
+                     for item in metric.media(ctx)]
+        except Exception as e:  # samples are for people to look at: a broken one must not cost the run
+            warnings.warn(f"could not build the evaluation's media: {e}", stacklevel=2)
+            items = []
+        media(items)
     model.train(was_training)
     return results

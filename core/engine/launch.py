@@ -26,7 +26,7 @@ from typing import Callable
 
 import tk
 from tk.core.engine.checkpoint import CheckpointReadError, intact_checkpoints
-from tk.core.engine.device import preflight
+from tk.core.engine.device import check_logger_packages, preflight
 from tk.core.engine.distributed import cleanup, init_distributed
 from tk.core.engine.precision import check_precision
 from tk.core.engine.signals import TrainingInterrupted
@@ -246,8 +246,10 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         problem = check_precision(cfg.train.precision, dist.device) if dist is not None else None
         if dist is None:
             preflight(cfg)
-        elif problem:
-            raise TkError(problem)
+        else:
+            check_logger_packages(cfg)
+            if problem:
+                raise TkError(problem)
         is_main = dist is None or dist.rank == 0
         existed = _exists(Path(cfg.output_dir))
 

@@ -39,7 +39,7 @@ from tk.core.engine.media import Image, Media, Text
 if TYPE_CHECKING:
     from tk.core.config import RunConfig
 
-__all__ = ["LOGGER_NAMES", "check_loggers", "scalars", "Logger", "JsonlLogger", "CsvLogger", "TensorBoardLogger",
+__all__ = ["LOGGER_NAMES", "check_loggers", "missing_logger_packages", "scalars", "Logger", "JsonlLogger", "CsvLogger", "TensorBoardLogger",
            "WandbLogger", "open_loggers", "read_records"]
 
 LOGGER_NAMES = ("jsonl", "csv", "tensorboard", "wandb")
@@ -57,11 +57,16 @@ def package_available(module: str) -> bool:
 
 
 def check_loggers(names: list[str]) -> list[str]:
-    """Problems with ``train.loggers``: a repeated name, a logger whose package is missing."""
-    problems = []
+    """Problems with ``train.loggers`` as a config: a repeated name."""
     repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        problems.append(f"train.loggers: {', '.join(repeated)} listed more than once")
+    return [f"train.loggers: {', '.join(repeated)} listed more than once"] if repeated else []
+
+
+def missing_logger_packages(names: list[str]) -> list[str]:
+    """Loggers whose package is not installed on this machine, each with the install line;
+    checked before training (``tk run``, ``tk validate``), not when a finished run is loaded
+    for ``tk eval``/``tk predict`` elsewhere."""
+    problems = []
     for name in dict.fromkeys(names):
         package = PACKAGES.get(name)
         if package and not package_available(package):
@@ -231,17 +236,19 @@ class WandbLogger(Logger):
             ``train.wandb_name``).
         run_dir: the run dir (W&B's files go to ``<run_dir>/wandb``).
         resumed_at: the step a resumed run continues from; None for a fresh run.
+        rewound: resumed from an earlier checkpoint than the latest (``--resume-from``): W&B
+            cannot rewrite the abandoned steps, so the continuation is a new W&B run.
     """
 
     name = "wandb"
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, resumed_at: int | None = None) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, resumed_at: int | None = None, rewound: bool = False) -> None:
         import wandb  # lazy: optional package, slow to import
 
         self._wandb = wandb
         self.state_path = run_dir / "wandb.json"
-        saved = json.loads(self.state_path.read_text(encoding="utf-8")) \
-            if resumed_at is not None and self.state_path.is_file() else {}
+        continues = resumed_at is not None and not rewound and self.state_path.is_file()
+        saved = json.loads(self.state_path.read_text(encoding="utf-8")) if continues else {}
         run_id = saved.get("id") or uuid.uuid4().hex[:8]
         self.last_step = saved.get("last_step", -1)
         # steps up to it are in W&B already (W&B cannot take a step twice, nor go back)
@@ -293,13 +300,14 @@ def _quiet_settings(wandb) -> dict[str, Any]:
     return {k: v for k, v in wanted.items() if k in known}
 
 
-def open_loggers(cfg: RunConfig, run_dir: Path, resumed_at: int | None) -> list[Logger]:
-    """The external loggers of ``train.loggers`` (tensorboard, wandb), opened for a run.
-    ``jsonl`` and ``csv`` belong to :class:`tk.core.engine.runlog.RunLog`."""
+def open_loggers(cfg: RunConfig, run_dir: Path, resumed_at: int | None, rewound: bool = False) -> list[Logger]:
+    """The external loggers of ``train.loggers`` (tensorboard, wandb), opened for a run;
+    ``rewound``: resumed from a checkpoint before the latest one (the later steps are
+    abandoned). ``jsonl`` and ``csv`` belong to :class:`tk.core.engine.runlog.RunLog`."""
     out: list[Logger] = []
     names = cfg.train.loggers
     if "tensorboard" in names:
         out.append(TensorBoardLogger(run_dir / "tensorboard", resumed_at))
     if "wandb" in names:
-        out.append(WandbLogger(cfg, run_dir, resumed_at))
+        out.append(WandbLogger(cfg, run_dir, resumed_at, rewound))
     return out

@@ -88,10 +88,13 @@ class RunLog:
         """Write images/text of an evaluation under ``media/`` and pass them to every logger."""
         if self.run_dir is None or not items:
             return
-        for item in items:
-            write_media_file(self.run_dir, item, step)
-        for logger in self.loggers:
-            logger.media(items, step)
+        try:  # samples are for people to look at: a failure to write them must not cost the run
+            for item in items:
+                write_media_file(self.run_dir, item, step)
+            for logger in self.loggers:
+                logger.media(items, step)
+        except Exception as e:
+            warnings.warn(f"could not log the media of step {step}: {e}", stacklevel=2)
 
     def flush(self) -> None:
         """Flush the loggers' buffers (before a checkpoint: what it covers is then on disk)."""

@@ -112,6 +112,7 @@ class Trainer:
                          "skipped_steps": 0, "evaluations": 0, "items_seen": 0.0, "wall_time": 0.0}
         self._clock: tuple[float, float] | None = None  # (monotonic time, wall_time) when fit() started
         self._resumed_at: int | None = None  # the step a resumed run continues from
+        self._rewound = False  # resumed from a checkpoint before the latest one (--resume-from)
         self._curves = CurvesWriter(self.run_dir) if self.run_dir is not None and self.is_main and t.curves else None
         self._signal_received = 0  # set by the SIGINT/SIGTERM handler
         self._stop_signal = 0  # the signal every process agreed to stop on
@@ -332,6 +333,7 @@ class Trainer:
             for stale in self.checkpoints.directory.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
             abandoned = self.checkpoints.set_aside_after(self.step)
+            self._rewound = abandoned is not None
             if abandoned is not None:
                 self.log.echo(f"resuming from step {self.step}: the later checkpoints moved to {abandoned}")
         self.log.truncate_after(self.step)
@@ -365,7 +367,7 @@ class Trainer:
         try:
             self._status("running")
             if self.is_main and self.run_dir is not None:
-                self.log.add_loggers(open_loggers(self.cfg, self.run_dir, self._resumed_at))
+                self.log.add_loggers(open_loggers(self.cfg, self.run_dir, self._resumed_at, self._rewound))
             self._clock = (time.monotonic(), self.progress["wall_time"])
             with stop_signals(self._on_signal, rearm=self.world_size == 1):
                 results = self._loop(bar)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tk.core.config import did_you_mean
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum, kl_distillation_loss
 
@@ -57,10 +58,8 @@ def check_distill(cfg: DistillConfig) -> list[str]:
     looks_like_path = "/" in name or "\\" in name or name.endswith((".pt", ".pth", ".safetensors"))
     if cfg.type != "none" and name and not looks_like_path and not Path(name).expanduser().exists():
         if not timm.is_model(name):
-            close = timm.list_models(f"*{name}*")[:5]
-            hint = f" (close timm names: {', '.join(close)})" if close else ""
-            problems.append(f"distill.teacher ({name!r}) is not a timm model name{hint}; for a tk teacher run give "
-                            f"its run dir as a path, e.g. runs/{name}")
+            problems.append(f"distill.teacher ({name!r}) is not a timm model name{did_you_mean(name, timm.list_models())}"
+                            f" (a tk teacher run is given as a path, e.g. runs/{name})")
     return problems
 
 

@@ -53,7 +53,7 @@ class DataConfig:
     crop: Literal["pad", "rrc", "none"] = "pad"  # train crop: pad+random crop, RandomResizedCrop, centre
     crop_padding: int = 4  # "pad" crop: pixels of zero padding on each side
     rrc_scale_min: float = 0.08  # "rrc" crop: smallest crop area, as a fraction of the image
-    crop_pct: float | None = None  # eval: resize to img_size / crop_pct, centre-crop img_size; null: timm's pretrained cfg when fine-tuning, else 1
+    crop_pct: float | None = None  # eval: resize to img_size / crop_pct, centre-crop img_size; null: timm's pretrained cfg when fine-tuning with crop rrc, else 1
     interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None  # resize filter; null: timm's pretrained cfg when fine-tuning, else bilinear
     hflip: float = 0.5  # probability of a horizontal flip (train)
     auto_augment: str | None = None  # timm policy, e.g. "rand-m9-mstd0.5" (RandAugment); null = off
@@ -132,7 +132,8 @@ class ImageClassificationTask(Task):
     def data_config(self) -> dict[str, Any]:
         """The input pipeline's ``mean``, ``std``, ``interpolation`` and ``crop_pct``: the recipe's
         ``data.*`` keys where set, else timm's pretrained config when fine-tuning a timm model
-        or the tk ViT's ``pretrained_from`` (timm's own ``resolve_data_config`` rule), else the data source's statistics, bilinear, 1.0.
+        or the tk ViT's ``pretrained_from`` (timm's own ``resolve_data_config`` rule; its
+        ``crop_pct`` only with ``data.crop: rrc``, the training crop it pairs with), else the data source's statistics, bilinear, 1.0.
         Saved with the run, so evaluation and prediction use what training used."""
         if self._data_config is None:
             mean, std = (list(v) for v in MEAN_STD[self.data.source])
@@ -143,8 +144,9 @@ class ImageClassificationTask(Task):
                 pretrained_cfg = timm.get_pretrained_cfg(timm_name)
                 if pretrained_cfg is not None:
                     resolved.update(mean=list(pretrained_cfg.mean), std=list(pretrained_cfg.std),
-                                    interpolation=pretrained_cfg.interpolation or "bilinear",
-                                    crop_pct=pretrained_cfg.crop_pct or 1.0)
+                                    interpolation=pretrained_cfg.interpolation or "bilinear")
+                    if self.data.crop == "rrc":  # timm's crop_pct pairs with RandomResizedCrop training
+                        resolved["crop_pct"] = pretrained_cfg.crop_pct or 1.0
             for key in resolved:
                 if getattr(self.data, key) is not None:
                     resolved[key] = getattr(self.data, key)

@@ -234,11 +234,15 @@ class LanguageModelTask(Task):
                 num_chars += sum(map(len, texts))
                 num_tokens += len(ids)
                 chunks.append(ids) if out is None else out.write(ids.tobytes())
-        finally:
+            if num_tokens == 0:
+                raise self._empty_corpus()
+        except BaseException:  # an error or Ctrl-C: no half-written token file is left in the task files
             if out is not None:
                 out.close()
-        if num_tokens == 0:
-            raise self._empty_corpus()
+                Path(out.name).unlink(missing_ok=True)
+            raise
+        if out is not None:
+            out.close()
         if out is None:
             tokens = np.concatenate(chunks)
         else:
@@ -341,11 +345,12 @@ class LanguageModelTask(Task):
 
     # -- samples at each evaluation ------------------------------------------------------
     def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
-        """The loss; on the first batch of each evaluation in a run, also a few samples
+        """The loss; on the first batch of each evaluation during training, also a few samples
         (``data.num_samples`` continuations of the first ``data.sample_prompt_len`` tokens of
         val blocks, ``generate:`` settings) written to ``samples/step_N.txt`` in the run dir."""
         key = (ctx.step, ctx.kind, ctx.index, ctx.key_prefix)
-        if self.data.num_samples and self.run_dir is not None and key not in self._sampled and is_main_process():
+        if (self.data.num_samples and self.run_dir is not None and ctx.kind != "standalone"  # training only
+                and key not in self._sampled and is_main_process()):
             self._sampled.add(key)
             self._sample_text = {key: self._write_samples(model, batch["tokens"], ctx)}  # only the latest is kept
         return self.loss(model, batch)

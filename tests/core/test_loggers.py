@@ -173,15 +173,19 @@ def test_wandb_offline_writes_the_config_and_the_metrics(toy_site, toy_recipe, t
 
 
 def test_missing_logger_package_fails_validation_with_the_install_line(toy_site, toy_recipe, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    trained = tmp_path / "runs" / "trained"  # a run made where tensorboard is installed ...
+    assert invoke("run", toy_recipe, f"output_dir={trained}", "train.loggers=[jsonl,tensorboard]").exit_code == 0
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # ... then a machine without it
     run_dir = tmp_path / "never"
     result = invoke("run", toy_recipe, f"output_dir={run_dir}", "train.loggers=[csv,tensorboard]")
     assert result.exit_code == 2
-    assert "'train.loggers=[csv,tensorboard]': 'tensorboard' needs the tensorboard package" in result.stderr
+    assert "train.loggers: 'tensorboard' needs the tensorboard package" in result.stderr
     assert "pip install 'tk[tensorboard]'" in result.stderr
-    assert not run_dir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["site", "toy.yaml"]
+    assert not run_dir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["runs", "site", "toy.yaml"]
     checked = invoke("validate", toy_recipe, "train.loggers=[tensorboard]")
     assert checked.exit_code == 2 and "pip install 'tk[tensorboard]'" in checked.stderr
+    # evaluating the finished run needs no logger package
+    assert invoke("eval", str(trained), "--checkpoint", "last").exit_code == 0
 
 
 def test_media_go_to_the_run_dir_and_tensorboard(tmp_path):
@@ -262,5 +266,12 @@ def test_wandb_resume_keeps_the_run_id_and_sends_no_step_twice(tmp_path, monkeyp
     assert inits[0]["config"] == {"task": "toy"}
     assert [s for s, _ in sent] == list(range(1, 13))  # 7..10 not sent again
     assert sent[-1] == (12, {"train/loss": 2.0})
+    # --resume-from an earlier checkpoint abandons steps 5..12: a new W&B run gets all of the new ones
+    sent.clear()
+    rewound = WandbLogger(cfg, tmp_path, resumed_at=4, rewound=True)
+    for step in range(5, 8):
+        rewound.log({"step": step, "split": "train", "loss": 3.0})
+    assert inits[2]["id"] != inits[0]["id"] and [s for s, _ in sent] == [5, 6, 7]
+    assert json.loads((tmp_path / "wandb.json").read_text()) == {"id": inits[2]["id"], "last_step": 7}
     WandbLogger(cfg, tmp_path)  # a fresh run (no resume) gets a new id
     assert inits[2]["id"] != inits[0]["id"]

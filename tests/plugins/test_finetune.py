@@ -170,7 +170,11 @@ def test_layer_decay_on_a_timm_vit():
 
 
 def test_pretrained_data_config_saved_with_the_run(tmp_path, monkeypatch):
-    cfg, task_cls = load_config("quickstart", ["model.timm=vit_tiny_patch16_224", "model.pretrained=true"])
+    pad_cfg, task_cls = load_config("quickstart", ["model.timm=vit_tiny_patch16_224", "model.pretrained=true"])
+    pad = task_cls(pad_cfg)
+    assert pad.data_config["crop_pct"] == 1.0  # timm's crop_pct pairs with rrc training, not the pad crop
+    cfg, task_cls = load_config("quickstart", ["model.timm=vit_tiny_patch16_224", "model.pretrained=true",
+                                               "data.crop=rrc"])
     task = task_cls(cfg, tmp_path / "run")
     task.setup()
     # timm's augreg pretrained cfg (mean/std 0.5, bicubic, crop 0.9), not CIFAR's statistics
