@@ -27,7 +27,7 @@ from typing import Callable
 import tk
 from tk.core.engine.checkpoint import CheckpointReadError, intact_checkpoints
 from tk.core.engine.device import check_logger_packages, preflight
-from tk.core.engine.distributed import cleanup, init_distributed
+from tk.core.engine.distributed import barrier, cleanup, init_distributed
 from tk.core.engine.precision import check_precision
 from tk.core.engine.signals import TrainingInterrupted
 from tk.core.engine.train import Trainer
@@ -269,7 +269,10 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
         command = shlex.join(["tk", "run", str(recipe), *overrides])
-        return _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command)
+        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command)
+        if dist is not None:  # leave together: a rank tearing gloo down while a peer still uses it can abort
+            barrier()
+        return results
     finally:
         if dist is not None:
             cleanup()
