@@ -7,7 +7,7 @@ The recipe loader calls ``check()`` on every section; the modules call :meth:`va
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Literal
 
@@ -112,6 +112,17 @@ class TransformerConfig:
         problems = self.check(prefix="")
         if problems:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+
+    @classmethod
+    def of(cls, section: object, **overrides: object) -> TransformerConfig:
+        """A plain ``TransformerConfig`` from the shape fields of ``section`` (a plugin's
+        ``model:`` section that subclasses this class and adds keys of its own, such as a
+        pooling or a head dropout, which are left out), with ``overrides`` on top.
+
+        Example: ``TransformerConfig.of(model_cfg, max_len=data_cfg.max_len)``.
+        """
+        values = {f.name: getattr(section, f.name) for f in fields(cls) if hasattr(section, f.name)}
+        return cls(**{**values, **overrides})
 
 
 @dataclass

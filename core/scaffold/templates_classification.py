@@ -10,7 +10,6 @@ class (id ``label + 1``) appears more often than any other class token. Replace
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -122,9 +121,8 @@ class __CLASS__(Task):
 
     def build_model(self) -> nn.Module:
         m, d = self.model_cfg, self.data
-        fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-        cfg = TransformerConfig(**{**{k: v for k, v in dataclasses.asdict(m).items() if k in fields},
-                                   "max_len": d.max_len})  # positions: as many as the longest sequence
+        # the model section's shape fields; positions: as many as the longest sequence
+        cfg = TransformerConfig.of(m, max_len=d.max_len)
         return Classifier(TextEncoder(cfg, d.vocab_size, type_vocab_size=0, pad_id=PAD), d.num_classes, m.pooling)
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:

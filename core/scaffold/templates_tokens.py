@@ -11,7 +11,6 @@ data; padded positions get the tag -100, which the loss and the metric skip.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -128,9 +127,8 @@ class __CLASS__(Task):
 
     def build_model(self) -> nn.Module:
         m, d = self.model_cfg, self.data
-        fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-        cfg = TransformerConfig(**{**{k: v for k, v in dataclasses.asdict(m).items() if k in fields},
-                                   "max_len": d.max_len})  # positions: as many as the longest sequence
+        # the model section's shape fields; positions: as many as the longest sequence
+        cfg = TransformerConfig.of(m, max_len=d.max_len)
         return Tagger(TextEncoder(cfg, d.vocab_size, type_vocab_size=0, pad_id=PAD), d.num_tags)
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:

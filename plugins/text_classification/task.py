@@ -182,9 +182,7 @@ class TextClassificationTask(Task):
             cfg = TransformerConfig(**self.encoder_spec["cfg"])
             vocab, types = self.encoder_spec["vocab_size"], self.encoder_spec["type_vocab_size"]
         else:
-            fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-            cfg = TransformerConfig(**{**{k: v for k, v in dataclasses.asdict(m).items() if k in fields},
-                                       "max_len": self.data.max_len})
+            cfg = TransformerConfig.of(m, max_len=self.data.max_len)
             vocab, types = self.tokenizer.get_vocab_size(), 2
         encoder = TextEncoder(cfg, vocab, type_vocab_size=types, pad_id=self.pad_id)
         return TextClassifier(encoder, len(self.labels), m.pooling, m.head_dropout)

@@ -158,3 +158,15 @@ def test_vit_config_rules_and_subclass_keys():
     names = {f.name for f in dataclasses.fields(ViTConfig)}
     assert {f.name for f in dataclasses.fields(TransformerConfig)} < names
     assert {"patch_size", "pooling", "distilled"} <= names
+
+
+def test_of_takes_the_shape_fields_of_a_plugin_section():
+    @dataclasses.dataclass
+    class PluginModel(TransformerConfig):  # a plugin's model: section with keys of its own
+        pooling: str = "mean"
+        head_dropout: float = 0.3
+
+    section = PluginModel(**{k: v for k, v in LLAMA.items()}, pooling="max")
+    cfg = TransformerConfig.of(section, max_len=77)
+    assert type(cfg) is TransformerConfig and not hasattr(cfg, "pooling")
+    assert cfg == TransformerConfig(**{**LLAMA, "max_len": 77})

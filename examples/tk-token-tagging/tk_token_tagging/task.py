@@ -229,9 +229,7 @@ class TokenTaggingTask(Task):
             cfg = TransformerConfig(**self.encoder_spec["cfg"])
             vocab, types = self.encoder_spec["vocab_size"], self.encoder_spec["type_vocab_size"]
         else:
-            fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-            cfg = TransformerConfig(**{**{k: v for k, v in dataclasses.asdict(m).items() if k in fields},
-                                       "max_len": self.data.max_len, "pos_encoding": "learned"})
+            cfg = TransformerConfig.of(m, max_len=self.data.max_len, pos_encoding="learned")
             vocab, types = self.tokenizer.get_vocab_size(), 0
         return TokenTagger(TextEncoder(cfg, vocab, type_vocab_size=types, pad_id=self.pad_id), len(self.tags),
                            m.head_dropout)
