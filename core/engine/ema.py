@@ -24,7 +24,9 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 class ModelEMA:
     """Keeps ``ema = d * ema + (1 - d) * param`` for every parameter after each update;
-    buffers (BatchNorm statistics, counters) are copied from the model as they are.
+    persistent buffers (BatchNorm statistics, counters) are copied from the model as they
+    are. Non-persistent buffers (caches a module rebuilds itself, such as rotary cos/sin
+    tables that grow with the longest sequence seen) are left to each copy.
 
     Decay warmup: with ``warmup_steps = W > 0`` the decay of update ``n`` (counting from
     0) is ``min(decay, (1 + n) / (W + n))``, so early averages are not dominated by the
@@ -52,6 +54,8 @@ class ModelEMA:
         self.warmup_steps = warmup_steps
         self.step = 0
         self.module = copy.deepcopy(_unwrap(model)).eval().requires_grad_(False)
+        state_keys = set(self.module.state_dict())
+        self._buffers = [name for name, _ in self.module.named_buffers() if name in state_keys]
         if device is not None:
             self.module.to(device)
 
@@ -73,9 +77,9 @@ class ModelEMA:
                 ema_p.lerp_(p, 1.0 - d)  # ema + (1 - d) * (p - ema) == d * ema + (1 - d) * p
             else:
                 ema_p.copy_(p)
-        src_buffers = dict(src.named_buffers())
-        for name, ema_b in self.module.named_buffers():
-            ema_b.copy_(src_buffers[name])
+        src_buffers, ema_buffers = dict(src.named_buffers()), dict(self.module.named_buffers())
+        for name in self._buffers:
+            ema_buffers[name].copy_(src_buffers[name])
         self.step += 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -68,3 +68,18 @@ def test_state_dict_round_trip_and_independence():
 def test_bad_decay():
     with pytest.raises(ValueError, match="decay"):
         ModelEMA(_model(), decay=1.0)
+
+
+def test_non_persistent_caches_are_not_copied():
+    """Rotary cos/sin tables grow with the longest sequence a module saw (non-persistent
+    buffers): the EMA copy keeps its own and updating it after a forward pass works."""
+    from tk.core.nn.config import TransformerConfig
+    from tk.core.nn.transformer import DecoderOnlyLM
+
+    torch.manual_seed(0)
+    model = DecoderOnlyLM(TransformerConfig(dim=16, depth=1, num_heads=2, pos_encoding="rotary", dropout=0.0), 11)
+    ema = ModelEMA(model, decay=0.5)
+    tokens = torch.randint(0, 11, (2, 7))
+    model(tokens)  # grows the model's rotary tables to 7 positions; the copy's are still empty
+    ema.update(model)  # raised a shape mismatch when every buffer was copied
+    assert torch.allclose(ema.module(tokens), model(tokens))  # equal weights (the model did not change)
