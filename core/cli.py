@@ -310,10 +310,11 @@ def average_cmd(run_dir: str, last_k: int, output: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True,
               help="json: one JSON object per input; text: `input: prediction` lines for people.")
 @click.option("--weights", default=None, help="A bare .safetensors file to predict with the run's config.")
+@click.option("--ema", is_flag=True, help="Predict with the EMA weights (runs with train.ema_decay).")
 @debug_option
 @click.pass_context
 def predict_cmd(ctx: click.Context, run_dir: str, args: tuple[str, ...], input_file, checkpoint: str,
-                batch_size: int, device: str | None, fmt: str, weights: str | None) -> None:
+                batch_size: int, device: str | None, fmt: str, weights: str | None, ema: bool) -> None:
     """Predict with a trained run on raw inputs (image paths, sentences, prompts).
 
     \b
@@ -336,7 +337,7 @@ def predict_cmd(ctx: click.Context, run_dir: str, args: tuple[str, ...], input_f
         raise click.UsageError("no inputs: pass INPUT arguments, `-` for standard input, or --input-file FILE")
     inputs = read_inputs(raw_inputs, sys.stdin, input_file)
     total = failed = 0
-    for record in predict_run(run_dir, inputs, checkpoint, overrides, batch_size, device, weights):
+    for record in predict_run(run_dir, inputs, checkpoint, overrides, batch_size, device, weights, ema):
         total += 1
         failed += "error" in record
         click.echo(format_record(record, fmt))

@@ -154,7 +154,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "va
 
 def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "best", overrides: list[str] = (),
                 batch_size: int = 32, device: str | None = None,
-                weights: str | None = None) -> Iterator[dict[str, Any]]:
+                weights: str | None = None, ema: bool = False) -> Iterator[dict[str, Any]]:
     """``tk predict``: the run's model on raw inputs, one record per input, batch by batch.
 
     The run is loaded (and its device checked) before the first input is read; prediction
@@ -168,6 +168,7 @@ def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "b
         batch_size: inputs per ``Task.predict`` call.
         device: a device name overriding ``train.device`` (None: the run's own, e.g. ``auto``).
         weights: a bare ``.safetensors`` file to load instead of the checkpoint's weights.
+        ema: predict with the checkpoint's EMA weights (runs with ``train.ema_decay``).
 
     Returns:
         An iterator of ``{"input": ..., **prediction}`` or ``{"input": ..., "error": "..."}``
@@ -178,7 +179,7 @@ def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "b
             precision is not available.
     """
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
-    task, model = load_run(run_dir, checkpoint, overrides, weights=weights)
+    task, model = load_run(run_dir, checkpoint, overrides, ema=ema, weights=weights)
     if type(task).predict is Task.predict:
         raise TkError(f"task {task.name or type(task).__name__!r} does not support prediction "
                       f"(its Task class has no predict method); use `tk eval` for metrics")

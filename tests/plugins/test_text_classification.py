@@ -343,3 +343,19 @@ def test_rotary_and_no_position_encoders():
         swapped = enc(ids[:, [1, 0, 2, 3]])
         order_blind = torch.allclose(swapped[0, 0], enc(ids)[0, 1], atol=1e-5)
         assert order_blind == (how == "none")  # without positions, a permutation only permutes the states
+
+
+def test_rotary_run_with_ema_predicts_with_the_ema_weights(tmp_path):
+    """SST-2's recipe shape (rotary positions, an EMA selecting the best checkpoint) trains,
+    and `tk predict --ema` uses the EMA weights (those exported to model_ema.safetensors)."""
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "model.pos_encoding=rotary", "train.max_steps=4",
+             "train.eval_every=4", "train.ema_decay=0.5", "train.best_metric=val_ema/accuracy", *SMALL_RUN])
+    text = "good, not bad\n"
+
+    def probs(*extra):
+        out = run_cli(["predict", str(run_dir), "-", "--checkpoint", "last", *extra], input=text).stdout
+        return json.loads(out.strip())["probs"]
+
+    ema, raw = probs("--ema"), probs()
+    assert ema == probs("--weights", str(run_dir / "model_ema.safetensors")) and ema != raw
