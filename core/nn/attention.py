@@ -164,12 +164,12 @@ class KVCache:
     @property
     def k(self) -> Tensor | None:
         """Stored keys (B, Hkv, length, Dh), or None."""
-        return None if self._k is None else self._k.narrow(2, 0, self.length)
+        return None if self._k is None else self._k[:, :, : self.length]
 
     @property
     def v(self) -> Tensor | None:
         """Stored values (B, Hkv, length, Dh), or None."""
-        return None if self._v is None else self._v.narrow(2, 0, self.length)
+        return None if self._v is None else self._v[:, :, : self.length]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values (B, Hkv, Tn, Dh) and return all of them (B, Hkv, length, Dh).
@@ -195,11 +195,10 @@ class KVCache:
                 )
             if need > self._k.shape[2]:
                 self._grow(max(need, 2 * self._k.shape[2]))
-        # narrow + copy_: one view op each where slice indexing costs several (per decoding step)
-        self._k.narrow(2, self.length, k.shape[2]).copy_(k)
-        self._v.narrow(2, self.length, v.shape[2]).copy_(v)
+        self._k[:, :, self.length : need] = k
+        self._v[:, :, self.length : need] = v
         self.length = need
-        return self._k.narrow(2, 0, need), self._v.narrow(2, 0, need)
+        return self.k, self.v
 
     def _alloc(self, k: Tensor, v: Tensor, capacity: int) -> None:
         B, Hkv, _, Dh = k.shape
