@@ -55,7 +55,7 @@ class ModelEMA:
         self.step = 0
         self.module = copy.deepcopy(_unwrap(model)).eval().requires_grad_(False)
         state_keys = set(self.module.state_dict())
-        self._buffers = [name for name, _ in self.module.named_buffers() if name in state_keys]
+        self._buffer_names = [name for name, _ in self.module.named_buffers() if name in state_keys]
         if device is not None:
             self.module.to(device)
 
@@ -78,7 +78,7 @@ class ModelEMA:
             else:
                 ema_p.copy_(p)
         src_buffers, ema_buffers = dict(src.named_buffers()), dict(self.module.named_buffers())
-        for name in self._buffers:
+        for name in self._buffer_names:
             ema_buffers[name].copy_(src_buffers[name])
         self.step += 1
 
