@@ -153,10 +153,13 @@ class RotaryEmbedding(nn.Module):
     def _tables(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
         if self._cos.shape[0] < length or self._cos.device != device:
             n = max(length, 2 * self._cos.shape[0])  # grow geometrically
-            pos = torch.arange(n, dtype=torch.float32, device=device)
-            freqs = torch.outer(pos, self.inv_freq.to(device))  # (n, Dh/2)
-            emb = torch.cat([freqs, freqs], dim=-1)  # (n, Dh)
-            self._cos, self._sin = emb.cos(), emb.sin()
+            # Ordinary tensors even when grown inside generate()'s inference_mode: training
+            # afterwards saves them for backward, which inference tensors cannot be.
+            with torch.inference_mode(False):
+                pos = torch.arange(n, dtype=torch.float32, device=device)
+                freqs = torch.outer(pos, self.inv_freq.to(device))  # (n, Dh/2)
+                emb = torch.cat([freqs, freqs], dim=-1)  # (n, Dh)
+                self._cos, self._sin = emb.cos(), emb.sin()
         return self._cos, self._sin
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:

@@ -460,3 +460,19 @@ def test_compiled_decode_step_gives_the_same_tokens():
     assert torch.equal(eager.tokens, compiled.tokens)
     assert torch.equal(eager.lengths, compiled.lengths)
     torch.testing.assert_close(eager.scores, compiled.scores, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_outputs_and_grown_rotary_tables_train_afterwards(strategy):
+    """generate() runs under inference_mode, whose tensors cannot be saved for backward: its
+    outputs, and the rotary tables it grew past anything seen in training, must still train."""
+    model = make_lm("rotary")
+    rotary = model.decoder.layers[0].self_attn.rotary
+    assert rotary._cos.shape[0] == 0  # nothing run yet: generation grows the tables
+    out = generate(model, torch.tensor([[5, 9, 3]]), cfg(strategy=strategy, max_len=40, eos_id=None, pad_id=PAD))
+    assert rotary._cos.shape[0] >= 43 and not rotary._cos.is_inference()
+    assert not any(t.is_inference() for t in (out.tokens, out.scores, out.log_probs, out.lengths))
+    model.train()
+    loss = model(out.tokens).float().logsumexp(-1).mean() + out.scores.sum() * 0  # the tokens feed training
+    loss.backward()
+    assert model.tok_embed.weight.grad is not None
