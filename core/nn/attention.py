@@ -132,11 +132,12 @@ def scaled_dot_product_attention(
 class KVCache:
     """Keys and values of one attention layer, kept across incremental decoding steps.
 
-    Self-attention caches (``static=False``) grow by one chunk per step: the buffers are
-    preallocated to ``max_len`` positions on the first append and doubled if ever exceeded,
-    so an append is one in-place copy. Cross-attention caches (``static=True``) hold the
-    keys/values computed once from the encoder output; the module reuses them on later
-    steps and ignores its ``context``.
+    Keys and values share one buffer (2, B, Hkv, capacity, Dh). Self-attention caches
+    (``static=False``) grow by one chunk per step: the buffer is preallocated to ``max_len``
+    positions on the first append and doubled if ever exceeded, so an append is one
+    in-place copy (of both, with :meth:`append_kv`). Cross-attention caches
+    (``static=True``) hold the keys/values computed once from the encoder output; the
+    module reuses them on later steps and ignores its ``context``.
 
     Use under ``torch.no_grad()`` / ``torch.inference_mode()`` (decoding, not training).
 
@@ -153,23 +154,26 @@ class KVCache:
         self.max_len = max_len
         self.static = static
         self.length = 0
-        self._k: Tensor | None = None  # (B, Hkv, capacity, Dh)
-        self._v: Tensor | None = None
+        self._kv: Tensor | None = None  # (2, B, Hkv, capacity, Dh): keys [0], values [1]
 
     @property
     def is_set(self) -> bool:
         """True once keys/values are stored."""
-        return self._k is not None and self.length > 0
+        return self._kv is not None and self.length > 0
 
     @property
     def k(self) -> Tensor | None:
         """Stored keys (B, Hkv, length, Dh), or None."""
-        return None if self._k is None else self._k[:, :, : self.length]
+        return None if self._kv is None else self._kv[0, :, :, : self.length]
 
     @property
     def v(self) -> Tensor | None:
         """Stored values (B, Hkv, length, Dh), or None."""
-        return None if self._v is None else self._v[:, :, : self.length]
+        return None if self._kv is None else self._kv[1, :, :, : self.length]
+
+    def stored(self) -> tuple[Tensor, Tensor]:
+        """Stored keys and values, each (B, Hkv, length, Dh) (views, no copy); needs ``is_set``."""
+        return (self._kv if self.static else self._kv.narrow(3, 0, self.length)).unbind(0)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values (B, Hkv, Tn, Dh) and return all of them (B, Hkv, length, Dh).
@@ -178,38 +182,49 @@ class KVCache:
         stored ones unchanged.
 
         Raises:
-            ValueError: if batch size, heads or head dim differ from what is stored.
+            ValueError: if batch size, heads or head dim differ from what is stored, or
+                keys and values differ in shape.
         """
+        if k.shape != v.shape:
+            raise ValueError(f"keys {tuple(k.shape)} and values {tuple(v.shape)} must have the same shape")
         if self.static:
             if not self.is_set:
-                self._k, self._v, self.length = k, v, k.shape[2]
-            return self.k, self.v
-        need = self.length + k.shape[2]
-        if self._k is None:
-            self._alloc(k, v, max(need, self.max_len or 0))
+                self._kv, self.length = torch.stack([k, v]), k.shape[2]
+            return self.stored()
+        n = self._reserve(k)
+        self._kv[0].narrow(2, n, k.shape[2]).copy_(k)
+        self._kv[1].narrow(2, n, k.shape[2]).copy_(v)
+        return self.stored()
+
+    def append_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`append` for keys and values stacked as (2, B, Hkv, Tn, Dh), in one copy
+        (the layout a fused qkv projection gives for free). Growing caches only."""
+        if self.static:
+            raise ValueError("append_kv is for growing self-attention caches; a static cache takes append(k, v)")
+        n = self._reserve(kv[0])
+        self._kv.narrow(3, n, kv.shape[3]).copy_(kv)
+        return self.stored()
+
+    def _reserve(self, k: Tensor) -> int:
+        """Make room for ``k``'s positions (B, Hkv, Tn, Dh); return where they go (and count
+        them as stored)."""
+        n, need = self.length, self.length + k.shape[2]
+        if self._kv is None:
+            B, Hkv, _, Dh = k.shape
+            self._kv = k.new_empty(2, B, Hkv, max(need, self.max_len or 0), Dh)
         else:
-            if k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]:
+            _, B, Hkv, capacity, Dh = self._kv.shape
+            if k.shape[0] != B or k.shape[1] != Hkv or k.shape[3] != Dh:
                 raise ValueError(
-                    f"KVCache holds (B, Hkv, Dh) = {tuple(self._k.shape[:2]) + (self._k.shape[3],)} but got "
-                    f"keys of shape {tuple(k.shape)}; after changing the batch call reorder(indices)"
+                    f"KVCache holds (B, Hkv, Dh) = {(B, Hkv, Dh)} but got keys of shape {tuple(k.shape)}; "
+                    "after changing the batch call reorder(indices)"
                 )
-            if need > self._k.shape[2]:
-                self._grow(max(need, 2 * self._k.shape[2]))
-        self._k[:, :, self.length : need] = k
-        self._v[:, :, self.length : need] = v
+            if need > capacity:
+                old = self._kv
+                self._kv = old.new_empty(2, B, Hkv, max(need, 2 * capacity), Dh)
+                self._kv[:, :, :, :n] = old[:, :, :, :n]
         self.length = need
-        return self.k, self.v
-
-    def _alloc(self, k: Tensor, v: Tensor, capacity: int) -> None:
-        B, Hkv, _, Dh = k.shape
-        self._k = k.new_empty(B, Hkv, capacity, Dh)
-        self._v = v.new_empty(B, Hkv, capacity, v.shape[3])
-
-    def _grow(self, capacity: int) -> None:
-        old_k, old_v = self._k, self._v
-        self._alloc(old_k, old_v, capacity)
-        self._k[:, :, : self.length] = old_k[:, :, : self.length]
-        self._v[:, :, : self.length] = old_v[:, :, : self.length]
+        return n
 
     def reorder(self, indices: Tensor) -> None:
         """Select batch rows in place (beam search): row i becomes old row ``indices[i]``.
@@ -217,16 +232,14 @@ class KVCache:
         Args:
             indices: (B',) long tensor; B' may differ from B (e.g. dropping finished rows).
         """
-        if self._k is None:
+        if self._kv is None:
             return
-        indices = indices.to(self._k.device)
-        if self.static or indices.numel() != self._k.shape[0]:
-            self._k = self._k.index_select(0, indices)
-            self._v = self._v.index_select(0, indices)
+        indices = indices.to(self._kv.device)
+        if self.static or indices.numel() != self._kv.shape[1]:
+            self._kv = self._kv.index_select(1, indices)
         else:  # copy only the filled part, keep the preallocated buffer
             n = self.length
-            self._k[:, :, :n] = self._k[:, :, :n].index_select(0, indices)
-            self._v[:, :, :n] = self._v[:, :, :n].index_select(0, indices)
+            self._kv[:, :, :, :n] = self._kv[:, :, :, :n].index_select(1, indices)
 
 
 class MultiHeadAttention(nn.Module):
@@ -305,7 +318,7 @@ class MultiHeadAttention(nn.Module):
         if self.cross_attention:
             q = self._heads(self.q_proj(x), self.num_heads)
             if cache is not None and cache.is_set:
-                return q, cache.k, cache.v
+                return (q, *cache.stored())
             if context is None:
                 raise ValueError("cross-attention needs `context` (B, Tk, D) unless its KVCache is already filled")
             k = self._heads(self.k_proj(context), self.num_kv_heads)
@@ -314,12 +327,18 @@ class MultiHeadAttention(nn.Module):
             if context is not None:
                 raise ValueError("got `context` but this module is self-attention; build it with cross_attention=True")
             if hasattr(self, "qkv"):
-                kv_dim = self.num_kv_heads * self.head_dim
-                q, k, v = self.qkv(x).split([self.dim, kv_dim, kv_dim], dim=-1)
+                # Keys and values stay stacked, (2, B, Hkv, T, Dh), in the layout of the qkv
+                # rows: heads in 5 view ops instead of 7, and one cache copy for both.
+                B, T, _ = x.shape
+                q, kv = self.qkv(x).split([self.dim, 2 * self.num_kv_heads * self.head_dim], dim=-1)
+                q = self._heads(q, self.num_heads)
+                kv = kv.view(B, T, 2, self.num_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+                if self.rotary is None:
+                    return (q, *(kv.unbind(0) if cache is None else cache.append_kv(kv)))
+                k, v = kv.unbind(0)
             else:
-                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            q = self._heads(q, self.num_heads)
-            k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+                q = self._heads(self.q_proj(x), self.num_heads)
+                k, v = self._heads(self.k_proj(x), self.num_kv_heads), self._heads(self.v_proj(x), self.num_kv_heads)
             if self.rotary is not None:
                 offset = 0 if cache is None else cache.length
                 q, k = self.rotary(q, offset), self.rotary(k, offset)

@@ -156,7 +156,7 @@ class Decoder:
                 self.memory = None  # cross-attention keys/values now live in the cache
             else:
                 logits = self.step(tokens, self.cache)
-            return logits[:, -1]
+            return logits.select(1, -1)
         self.history = tokens if self.history is None else torch.cat([self.history, tokens], dim=1)
         # The cached path masks no target key, so neither does the reference (a model with a
         # pad_id would otherwise mask, e.g., a BOS equal to PAD). No mask keeps SDPA's is_causal.

@@ -164,7 +164,9 @@ def _decode_single(
         last = lengths + cfg.max_len - 1
         finish = {q: last.eq(q) for q in set(last.tolist()) if q < end - 1}
     masking = (pad is not None and pad != eos) or (eos is not None and cfg.min_len > 0)
-    inputs = cols[:, :, None]  # (end, R, 1): inputs[p] is the next decoder input, without a per-step view chain
+    # Views of every position made once (a list lookup per step instead of an indexing op):
+    # col_rows[p] (R,) the tokens at p, logp_rows[p] their log-probs, inputs[p] (R, 1) the decoder input.
+    col_rows, logp_rows, inputs = cols.unbind(0), tok_logp.unbind(0), cols[:, :, None].unbind(0)
     logits = dec.feed(seqs[:, :start])  # prefill the prefix every row shares
     for p in range(start, end):
         forcing = p < longest  # some row is still inside its prompt
@@ -174,21 +176,21 @@ def _decode_single(
         if pick is None:  # greedy: one max() gives the token and its log-prob
             if forcing:
                 best, tok = logp.max(dim=-1)
-                tok_logp[p] = best
+                logp_rows[p].copy_(best)
             else:
-                torch.max(logp, dim=-1, out=(tok_logp[p], cols[p]))
+                torch.max(logp, dim=-1, out=(logp_rows[p], col_rows[p]))
         else:
             tok = pick(logp)
             if not forcing:
-                cols[p] = tok
-            tok_logp[p] = logp.gather(1, tok[:, None]).squeeze(1)
+                col_rows[p].copy_(tok)
+            logp_rows[p].copy_(logp.gather(1, tok[:, None]).squeeze(1))
         if forcing:
             in_prompt = lengths > p
-            cols[p] = torch.where(in_prompt, cols[p], tok)
+            col_rows[p].copy_(torch.where(in_prompt, col_rows[p], tok))
         if on_step is not None:
-            on_step(p - start, cols[p])
+            on_step(p - start, col_rows[p])
         if done is not None:
-            hit = cols[p].eq(eos)
+            hit = col_rows[p].eq(eos)
             done |= hit & ~in_prompt if forcing else hit
             if p in finish:
                 done |= finish[p]
