@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -184,9 +184,6 @@ class LanguageModelTask(Task):
         d = self.data
         if d.source == "synthetic":
             return synthetic_text(d.num_sentences, d.synthetic_seed)
-        if d.source == "hub":
-            ds = load_documents(d.dataset, d.config, d.split, d.text_column)
-            return d.doc_separator.join(t for texts in iter_texts(ds, d.text_column) for t in texts)
         return read_corpus(d.path)
 
     def _empty_corpus(self) -> TkError:
@@ -196,31 +193,30 @@ class LanguageModelTask(Task):
 
     def _tokenise(self) -> np.ndarray:
         d = self.data
-        if d.source == "hub" and d.tokenizer_file:
+        if d.source == "hub":
             return self._tokenise_documents()
         text = self._read_text()
         if not text:
             raise self._empty_corpus()
         train_text = text[: len(text) - int(len(text) * d.val_fraction)]  # the tokenizer never sees val
-        if d.tokenizer_file:
-            self.tokenizer = read_tokenizer_file(d.tokenizer_file)
-        elif d.tokenizer == "bpe":
-            self.tokenizer = BPETokenizer.train(train_text, d.bpe_vocab_size)
-        else:
-            self.tokenizer = CharTokenizer.train(train_text)
+        self.tokenizer = read_tokenizer_file(d.tokenizer_file) if d.tokenizer_file else self._train_tokenizer([train_text])
         dtype = token_dtype(self.tokenizer.vocab_size)
         tokens = np.asarray(self.tokenizer.encode(text), dtype=dtype)
         self._save(tokens, len(text))
         return tokens
 
     def _tokenise_documents(self) -> np.ndarray:
-        """A hub corpus with a given tokenizer: documents tokenised in batches and appended to
-        the token file, so the text never has to fit in memory (only the uint16/32 tokens are
-        then memory-mapped)."""
+        """A hub corpus, streamed: the tokenizer (given, or trained on the documents before
+        the validation cut) and then the documents in batches, each followed by
+        ``data.doc_separator``, appended to the token file. The text never has to fit in
+        memory (only the uint16/32 tokens are then memory-mapped)."""
         d = self.data
-        self.tokenizer = read_tokenizer_file(d.tokenizer_file)
-        dtype = token_dtype(self.tokenizer.vocab_size)
         ds = load_documents(d.dataset, d.config, d.split, d.text_column)
+        if d.tokenizer_file:
+            self.tokenizer = read_tokenizer_file(d.tokenizer_file)
+        else:
+            self.tokenizer = self._train_tokenizer(self._train_documents(ds))
+        dtype = token_dtype(self.tokenizer.vocab_size)
         chunks, num_chars, num_tokens = [], 0, 0
         out = None
         if self.run_dir is not None:
@@ -230,7 +226,7 @@ class LanguageModelTask(Task):
         try:
             for texts in iter_texts(ds, d.text_column):
                 texts = [t + d.doc_separator for t in texts]
-                ids = np.concatenate([np.asarray(e.ids, dtype=dtype) for e in self.tokenizer.tok.encode_batch(texts)])
+                ids = np.concatenate([np.asarray(e, dtype=dtype) for e in self.tokenizer.encode_batch(texts)])
                 num_chars += sum(map(len, texts))
                 num_tokens += len(ids)
                 chunks.append(ids) if out is None else out.write(ids.tobytes())
@@ -250,6 +246,28 @@ class LanguageModelTask(Task):
             tokens = np.memmap(self.files.path(TOKENS_FILE), dtype=dtype, mode="r")
         self._save(tokens, num_chars, write_tokens=False)
         return tokens
+
+    def _train_tokenizer(self, texts: Iterable[str]) -> CharTokenizer | BPETokenizer:
+        """``data.tokenizer`` trained on a stream of training texts."""
+        if self.data.tokenizer == "bpe":
+            return BPETokenizer.train_from_texts(texts, self.data.bpe_vocab_size)
+        return CharTokenizer.train_from_texts(texts)
+
+    def _train_documents(self, ds: Any) -> Iterator[str]:
+        """The documents (each with its separator) up to the character where the validation
+        part starts, the last one cut there: what the tokenizer may see. Counting the
+        characters first is one more pass over the column, not a copy of it."""
+        d = self.data
+        sep = d.doc_separator
+        total = sum(len(t) + len(sep) for texts in iter_texts(ds, d.text_column) for t in texts)
+        left = total - int(total * d.val_fraction)
+        for texts in iter_texts(ds, d.text_column):
+            for t in texts:
+                if left <= 0:
+                    return
+                doc = (t + sep)[:left]
+                left -= len(doc)
+                yield doc
 
     def _save(self, tokens: np.ndarray, num_chars: int, write_tokens: bool = True) -> None:
         dtype = np.dtype(tokens.dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -25,7 +26,15 @@ class CharTokenizer:
 
     @classmethod
     def train(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
+        return cls.train_from_texts([text])
+
+    @classmethod
+    def train_from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        """The characters of a stream of texts (only their set is held in memory)."""
+        chars: set[str] = set()
+        for t in texts:
+            chars.update(t)
+        return cls(sorted(chars))
 
     @property
     def vocab_size(self) -> int:
@@ -33,6 +42,9 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return [self.index.get(c, 0) for c in text]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i - 1] if 0 < i <= len(self.chars) else UNK for i in ids)
@@ -51,13 +63,18 @@ class BPETokenizer:
 
     @classmethod
     def train(cls, text: str, vocab_size: int) -> BPETokenizer:
+        return cls.train_from_texts([text], vocab_size)
+
+    @classmethod
+    def train_from_texts(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+        """Byte-level BPE trained on a stream of texts, fed to the trainer in batches of lines
+        (the trainer keeps word counts, not the text)."""
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
-        lines = text.splitlines(keepends=True)
-        tok.train_from_iterator((lines[i:i + 1000] for i in range(0, len(lines), 1000)), trainer)
+        tok.train_from_iterator(_line_batches(texts), trainer)
         return cls(tok)
 
     @property
@@ -67,11 +84,26 @@ class BPETokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts)]
+
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids)
 
     def to_json(self) -> str:
         return self.tok.to_str()
+
+
+def _line_batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for text in texts:
+        for line in text.splitlines(keepends=True):
+            batch.append(line)
+            if len(batch) == size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
 
 
 def load_tokenizer_json(text: str) -> CharTokenizer | BPETokenizer:

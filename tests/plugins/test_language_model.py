@@ -299,8 +299,34 @@ def test_hub_dataset_with_a_text_column(tmp_path, saved_dataset):
     folder, docs = saved_dataset
     task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", "data.split=train"])
     task.setup()
-    text = "\n\n".join(d for d in docs if d)
+    text = "".join(d + "\n\n" for d in docs if d)
     assert task.tokenizer.decode(np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()) == text
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_hub_tokenizer_is_trained_on_the_streamed_train_part_only(tmp_path, kind):
+    """A tokenizer trained here on a hub corpus sees the documents before the validation cut
+    (streamed, never joined into one text): a character only in the last documents is
+    unknown to it, and the token file still holds every document."""
+    import datasets
+
+    docs = [d for d in synthetic_text(400, 1).split("\n") if d]
+    docs[-5:] = [d + " \u03a9" for d in docs[-5:]]  # Omega: only in the validation tenth
+    folder = tmp_path / "hub_ds"
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(folder))
+    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", f"data.tokenizer={kind}",
+                                "data.bpe_vocab_size=300", "data.val_fraction=0.1"])
+    task.setup()
+    tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()
+    text = "".join(d + "\n\n" for d in docs)
+    assert task.meta["num_chars"] == len(text)
+    if kind == "char":
+        assert "\u03a9" not in task.tokenizer.chars
+        assert task.tokenizer.decode(tokens) == text.replace("\u03a9", "<unk>")
+    else:  # byte-level BPE has every byte: the whole text round-trips
+        assert task.tokenizer.vocab_size == 300 and task.tokenizer.decode(tokens) == text
+    train_docs = list(task._train_documents(datasets.load_from_disk(str(folder))))
+    assert "".join(train_docs) == text[: len(text) - int(len(text) * 0.1)]
 
 
 def test_hub_dataset_with_a_given_tokenizer_is_tokenised_in_batches(tmp_path, saved_dataset):
