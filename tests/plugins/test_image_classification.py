@@ -263,7 +263,10 @@ def test_predict_and_class_names_round_trip(tmp_path):
     missing = str(tmp_path / "missing.png")
     [bad, good] = restored.predict(model, [missing, paths[0]])  # a bad file costs only its own result
     assert bad["input"] == missing and bad["error"].startswith(f"cannot read image {missing}: ")
-    assert good["top_k"] == top
+    # the same image in a batch of one: the same labels, probabilities up to GEMM rounding
+    # (a batch of 1 and of 2 take different kernel paths on some CPUs)
+    assert [t["label"] for t in good["top_k"]] == [t["label"] for t in top]
+    assert [t["prob"] for t in good["top_k"]] == pytest.approx([t["prob"] for t in top], abs=1e-6)
 
 
 @pytest.mark.slow
