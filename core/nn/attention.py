@@ -326,19 +326,21 @@ class MultiHeadAttention(nn.Module):
         else:
             if context is not None:
                 raise ValueError("got `context` but this module is self-attention; build it with cross_attention=True")
-            if hasattr(self, "qkv"):
-                # Keys and values stay stacked, (2, B, Hkv, T, Dh), in the layout of the qkv
-                # rows: heads in 5 view ops instead of 7, and one cache copy for both.
+            kv_dim = self.num_kv_heads * self.head_dim
+            if hasattr(self, "qkv") and cache is not None and self.rotary is None:
+                # Decoding: keys and values stay stacked, (2, B, Hkv, T, Dh), in the layout of
+                # the qkv rows: 5 view ops instead of 7, and one cache copy for both. (Not in
+                # training: the backward of that layout costs one more copy than split's.)
                 B, T, _ = x.shape
-                q, kv = self.qkv(x).split([self.dim, 2 * self.num_kv_heads * self.head_dim], dim=-1)
-                q = self._heads(q, self.num_heads)
+                q, kv = self.qkv(x).split([self.dim, 2 * kv_dim], dim=-1)
                 kv = kv.view(B, T, 2, self.num_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-                if self.rotary is None:
-                    return (q, *(kv.unbind(0) if cache is None else cache.append_kv(kv)))
-                k, v = kv.unbind(0)
+                return (self._heads(q, self.num_heads), *cache.append_kv(kv))
+            if hasattr(self, "qkv"):
+                q, k, v = self.qkv(x).split([self.dim, kv_dim, kv_dim], dim=-1)
             else:
-                q = self._heads(self.q_proj(x), self.num_heads)
-                k, v = self._heads(self.k_proj(x), self.num_kv_heads), self._heads(self.v_proj(x), self.num_kv_heads)
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = self._heads(q, self.num_heads)
+            k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
             if self.rotary is not None:
                 offset = 0 if cache is None else cache.length
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
