@@ -214,7 +214,9 @@ def ratios_in_processes(n: int) -> list[dict]:
     runs = []
     for _ in range(n):
         proc = subprocess.run([sys.executable, __file__, *argv, "--ratios-only", "--processes", "1"],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            raise SystemExit(f"a measuring process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return runs
 

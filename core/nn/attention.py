@@ -183,7 +183,8 @@ class KVCache:
 
         Raises:
             ValueError: if batch size, heads or head dim differ from what is stored, or
-                keys and values differ in shape.
+                keys and values differ in shape (they share one buffer, in the dtype of the
+                first keys stored).
         """
         if k.shape != v.shape:
             raise ValueError(f"keys {tuple(k.shape)} and values {tuple(v.shape)} must have the same shape")
@@ -329,8 +330,8 @@ class MultiHeadAttention(nn.Module):
             kv_dim = self.num_kv_heads * self.head_dim
             if hasattr(self, "qkv") and cache is not None and self.rotary is None:
                 # Decoding: keys and values stay stacked, (2, B, Hkv, T, Dh), in the layout of
-                # the qkv rows: 5 view ops instead of 7, and one cache copy for both. (Not in
-                # training: the backward of that layout costs one more copy than split's.)
+                # the qkv rows: 5 view ops instead of 7, and one cache copy for both. (Not without
+                # a cache, i.e. training: that layout's backward costs one more copy than split's.)
                 B, T, _ = x.shape
                 q, kv = self.qkv(x).split([self.dim, 2 * kv_dim], dim=-1)
                 kv = kv.view(B, T, 2, self.num_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)

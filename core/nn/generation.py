@@ -118,10 +118,10 @@ def _prepare(
         mask = model.src_key_padding_mask(inputs) if src_key_padding_mask is None else src_key_padding_mask
         memory = model.encode(inputs, mask).repeat_interleave(k, dim=0)  # (B*k, Ts, D)
         mask = None if mask is None else mask.repeat_interleave(k, dim=0)
-        prefix = inputs.new_full((B, 1), cfg.bos_id)
+        prefix = inputs.new_full((B, 1), cfg.bos_id, dtype=torch.long)
         lengths = torch.ones(B, dtype=torch.long, device=inputs.device)
     else:
-        prefix, lengths = inputs, _prompt_lengths(inputs, prompt_lengths, pad)
+        prefix, lengths = inputs.long(), _prompt_lengths(inputs, prompt_lengths, pad)  # int32 prompts too
     capacity = int(lengths.max()) + cfg.max_len
     return Decoder(model, B * k, capacity, cfg.use_cache, memory, mask, cfg.compile), prefix, lengths
 
@@ -188,7 +188,8 @@ def _decode_single(
             in_prompt = lengths > p
             col_rows[p].copy_(torch.where(in_prompt, col_rows[p], tok))
         if on_step is not None:
-            on_step(p - start, col_rows[p])
+            with torch.inference_mode(False):  # an ordinary copy: the callback may keep or change it
+                on_step(p - start, col_rows[p].clone())
         if done is not None:
             hit = col_rows[p].eq(eos)
             done |= hit & ~in_prompt if forcing else hit
@@ -232,7 +233,8 @@ def generate(
     on_step: Callable[[int, Tensor], None] | None = None,
 ) -> GenerationOutput:
     """Generate with ``cfg.strategy`` ("greedy", "beam" or "sample"), under ``torch.inference_mode``
-    (the returned tensors are ordinary ones; ``on_step`` sees inference tensors).
+    (the returned tensors, and those handed to ``on_step``, are ordinary ones unless the caller
+    itself runs under ``inference_mode``).
 
     Args:
         model: a ``DecoderOnlyLM`` or ``EncoderDecoder`` (or a model with their API), in eval mode.

@@ -476,3 +476,20 @@ def test_outputs_and_grown_rotary_tables_train_afterwards(strategy):
     loss = model(out.tokens).float().logsumexp(-1).mean() + out.scores.sum() * 0  # the tokens feed training
     loss.backward()
     assert model.tok_embed.weight.grad is not None
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+@pytest.mark.parametrize("kind", ["lm", "seq2seq"])
+def test_int32_inputs_give_the_long_input_tokens(kind, strategy):
+    model, inputs = model_and_inputs(kind)
+    options = cfg(strategy=strategy, seed=3, max_len=6)
+    assert torch.equal(generate(model, inputs.int(), options).tokens, generate(model, inputs, options).tokens)
+
+
+def test_on_step_gets_ordinary_tensors_it_may_keep():
+    model, inputs = model_and_inputs("lm")
+    kept = []
+    out = generate(model, inputs[:1, :3], cfg(max_len=5, eos_id=None), on_step=lambda i, t: kept.append(t))
+    assert not any(t.is_inference() for t in kept)
+    kept[0].add_(1)  # changing a kept tensor afterwards is allowed (and does not touch the output)
+    assert torch.equal(torch.stack(kept[1:], 1), out.tokens[:, 1:])
