@@ -41,10 +41,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from tk.core.data.loader import LoaderSpec
-from tk.core.engine.optim import build_optimizer
-from tk.core.engine.schedule import build_scheduler
 from tk.core.engine.train import Trainer
+from tk.core.optim import build_optimizer
 from tk.core.recipe import load_config
+from tk.core.schedule import build_scheduler
 from tk.core.task import StepOutput, Task
 
 

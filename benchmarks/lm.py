@@ -37,10 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tk.core.data.loader import LoaderSpec
-from tk.core.engine.optim import build_optimizer
-from tk.core.engine.schedule import build_scheduler
 from tk.core.engine.train import Trainer
+from tk.core.optim import build_optimizer
 from tk.core.recipe import load_config
+from tk.core.schedule import build_scheduler
 from tk.plugins.language_model.corpus import synthetic_text
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"

@@ -41,19 +41,19 @@ _EXPORTS: dict[str, str] = {
     "available_tasks": "registry", "load_task": "registry",
     "Trainer": "engine.train", "Metric": "metrics", "Accuracy": "metrics", "Mean": "metrics",
     "cross_entropy_sum": "losses", "kl_distillation_loss": "losses",
-    "OptimConfig": "engine.optim", "build_optimizer": "engine.optim", "ScheduleConfig": "engine.schedule",
-    "build_scheduler": "engine.schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
+    "OptimConfig": "optim", "build_optimizer": "optim", "ScheduleConfig": "schedule",
+    "build_scheduler": "schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
     "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "export_safetensors": "engine.export", "average_checkpoints": "engine.export", "load_checkpoint": "engine.checkpoint",
     # the run lifecycle, task files, evaluation context, metrics, loading runs
     "EvalContext": "step", "TaskFiles": "artifacts", "assemble": "engine.assemble", "AssembledRun": "engine.assemble",
-    "MetricCollection": "metrics", "param_groups": "engine.optim", "move_to_device": "engine.device",
+    "MetricCollection": "metrics", "param_groups": "optim", "move_to_device": "engine.device",
     "load_run": "engine.inference", "evaluate_run": "engine.inference", "average_run": "engine.inference",
     "TrainingInterrupted": "engine.signals",
-    "main_process_first": "engine.distributed", "is_main_process": "engine.distributed",
+    "main_process_first": "distributed", "is_main_process": "distributed",
     # prediction, plugin discovery, config docs
-    "predict_run": "engine.inference", "discover_commands": "registry", "field_docs": "docs",
+    "predict_run": "engine.inference", "discover_commands": "registry", "field_docs": "cli.docs",
     # media a metric logs at evaluations (images, text) through every logger
-    "Image": "engine.media", "Text": "engine.media",
+    "Image": "media", "Text": "media",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,10 +16,9 @@ from typing import Any, Literal
 
 import yaml
 
-from tk.core.engine.loggers import check_loggers
-from tk.core.engine.optim import OptimConfig
-from tk.core.engine.schedule import ScheduleConfig
 from tk.core.errors import TkError
+from tk.core.optim import OptimConfig
+from tk.core.schedule import ScheduleConfig
 
 CORE_SECTIONS = ("optim", "schedule", "train")
 
@@ -66,8 +65,8 @@ class RunConfig:
 
     task: str  # entry-point name or "package.module:ClassName"
     sections: dict[str, Any]  # the task's sections by name ("data", "model", extras)
-    optim: Any  # tk.core.engine.optim.OptimConfig
-    schedule: Any  # tk.core.engine.schedule.ScheduleConfig
+    optim: Any  # tk.core.optim.OptimConfig
+    schedule: Any  # tk.core.schedule.ScheduleConfig
     train: TrainConfig
     output_dir: str  # run directory
     source: str = ""  # recipe file the config came from
@@ -309,5 +308,7 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
         problems.append(f"train.ema_decay: must be in [0, 1) (or null for no EMA), got {t.ema_decay}")
     if t.ema_warmup_steps < 0:
         problems.append(f"train.ema_warmup_steps: must be >= 0, got {t.ema_warmup_steps}")
-    problems += check_loggers(t.loggers)
+    repeated = sorted({n for n in t.loggers if t.loggers.count(n) > 1})
+    if repeated:
+        problems.append(f"train.loggers: {', '.join(repeated)} listed more than once")
     return problems

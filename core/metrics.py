@@ -14,7 +14,7 @@ from typing import Any, Literal, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from tk.core.engine.distributed import comm_device, is_distributed
+from tk.core.distributed import comm_device, is_distributed
 from tk.core.errors import TkError
 from tk.core.step import EvalContext, StepOutput
 

@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, Dataset
 from tk.core.artifacts import TaskFiles
 from tk.core.config import RunConfig
 from tk.core.data.loader import LoaderSpec, build_loader
-from tk.core.engine.optim import OptimConfig, param_groups
 from tk.core.metrics import Metric
+from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput
 
 

@@ -55,7 +55,7 @@ def assemble(cfg: RunConfig, task_cls: type[Task], run_dir: str | Path | None, m
         state: a tk checkpoint (its ``task_state`` is restored before ``setup``).
         build_data: step 4, e.g. ``lambda task: task.build_loader("val", spec)``.
         main_first: a context manager factory that runs steps 3-4 on rank 0 first
-            (``tk.core.engine.distributed.main_process_first`` when distributed).
+            (``tk.core.distributed.main_process_first`` when distributed).
 
     Returns:
         The task, the model (on the CPU, in training mode) and the data.

@@ -9,8 +9,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tk.core.distributed import all_reduce_sum, is_main_process
 from tk.core.engine.device import move_to_device
-from tk.core.engine.distributed import all_reduce_sum, is_main_process
 from tk.core.metrics import MetricCollection
 from tk.core.step import EvalContext
 
@@ -42,7 +42,7 @@ def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precis
         ctx: which evaluation this is (split, step, periodic/final/stand-alone, prefix).
         out_dir: where metrics may write files (rank 0 only); None writes nothing.
         media: receives the images/text of the metrics that define ``media(ctx)``
-            (``tk.core.engine.media``), on rank 0; None: none are made.
+            (``tk.core.media``), on rank 0; None: none are made.
 
     Returns:
         ``{"<prefix>/loss": ..., "<prefix>/<metric key>": ...}``; the loss is per item.

@@ -102,7 +102,7 @@ def _assemble_saved(run_dir: Path, saved: _SavedRun, mode: str, build_data=None)
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str] = (),
-             ema: bool = False, weights: str | None = None) -> tuple[Task, nn.Module]:
+             ema: bool = False, weights: str | None = None, average_last: int | None = None) -> tuple[Task, nn.Module]:
     """The task and model of a finished (or interrupted) run, model in eval mode, built
     in the documented order (``tk.core.engine.assemble``, mode "predict").
 
@@ -113,12 +113,20 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str]
         overrides: ``key.sub=value`` applied to the run's saved config.
         ema: load the EMA weights instead of the raw ones.
         weights: a bare ``.safetensors`` file to load instead of a checkpoint's weights.
+        average_last: load the average of the run's last K step checkpoints' weights instead.
 
     Raises:
-        TkError: not a run dir, missing checkpoint, or a checkpoint of another model.
+        TkError: not a run dir, missing checkpoint, a checkpoint of another model, or fewer
+            than ``average_last`` step checkpoints.
     """
     run_dir = Path(run_dir)
     task, model, _ = _assemble_saved(run_dir, _open_run(run_dir, checkpoint, list(overrides), ema, weights), "predict")
+    if average_last is not None:
+        found = step_checkpoints(run_dir)
+        if not 1 <= average_last <= len(found):
+            raise TkError(f"--average-last {average_last}: {run_dir} has {len(found)} step checkpoints; "
+                          f"pass 1..{len(found)} (keep more with train.keep_last)")
+        load_model_state(model, average_checkpoints([p for _, p in found[-average_last:]]))
     return task, model
 
 

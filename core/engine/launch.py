@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable
 
 import tk
+from tk.core.distributed import barrier, cleanup, init_distributed
 from tk.core.engine.checkpoint import CheckpointReadError, intact_checkpoints
 from tk.core.engine.device import check_logger_packages, preflight
-from tk.core.engine.distributed import barrier, cleanup, init_distributed
 from tk.core.engine.precision import check_precision
 from tk.core.engine.signals import TrainingInterrupted
 from tk.core.engine.train import Trainer

@@ -34,12 +34,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tk.core.engine.media import Image, Media, Text
+from tk.core.media import Image, Media, Text
 
 if TYPE_CHECKING:
     from tk.core.config import RunConfig
 
-__all__ = ["LOGGER_NAMES", "check_loggers", "missing_logger_packages", "scalars", "Logger", "JsonlLogger", "CsvLogger", "TensorBoardLogger",
+__all__ = ["LOGGER_NAMES", "missing_logger_packages", "scalars", "Logger", "JsonlLogger", "CsvLogger", "TensorBoardLogger",
            "WandbLogger", "open_loggers", "read_records"]
 
 LOGGER_NAMES = ("jsonl", "csv", "tensorboard", "wandb")
@@ -54,12 +54,6 @@ def package_available(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-def check_loggers(names: list[str]) -> list[str]:
-    """Problems with ``train.loggers`` as a config: a repeated name."""
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    return [f"train.loggers: {', '.join(repeated)} listed more than once"] if repeated else []
 
 
 def missing_logger_packages(names: list[str]) -> list[str]:

@@ -15,8 +15,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from tk.core.engine.loggers import CsvLogger, JsonlLogger, Logger
-from tk.core.engine.media import Media, write_media_file
 from tk.core.engine.summary import count_parameters, format_bytes
+from tk.core.media import Media, write_media_file
 
 STATUS_FILE = "status.json"  # how the run ended (or that it is running): read by `tk runs`
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from tk.core.config import RunConfig
+from tk.core.distributed import agreed_log_keys, all_reduce_sum, float64_vector, main_process_first
 from tk.core.engine.assemble import assemble
 from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, split_loader, wrap_ddp
 from tk.core.engine.checkpoint import (
@@ -36,20 +37,19 @@ from tk.core.engine.checkpoint import (
     preserved_rng,
     restore_rng_state,
 )
+from tk.core.engine.curves import CurvesWriter
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
-from tk.core.engine.distributed import agreed_log_keys, all_reduce_sum, float64_vector, main_process_first
 from tk.core.engine.ema import ModelEMA
 from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.export import export_safetensors
 from tk.core.engine.loggers import open_loggers
-from tk.core.engine.optim import build_optimizer
 from tk.core.engine.precision import Precision
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, window_record
-from tk.core.engine.schedule import build_scheduler
 from tk.core.engine.signals import TrainingInterrupted, stop_signals
 from tk.core.engine.summary import ActivationMeter, format_bytes
 from tk.core.errors import TkError
-from tk.core.plot import CurvesWriter
+from tk.core.optim import build_optimizer
+from tk.core.schedule import build_scheduler
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 
@@ -63,7 +63,7 @@ class Trainer:
         cfg: the resolved run config.
         task_cls: the task class named by ``cfg.task``.
         run_dir: where logs, metrics and checkpoints go (None: write nothing).
-        dist: process-group info from ``tk.core.engine.distributed.init_distributed``
+        dist: process-group info from ``tk.core.distributed.init_distributed``
             (None for a single process). Only rank 0 writes.
     """
 

@@ -12,7 +12,7 @@ import torch
 from PIL import Image as PILImage
 from PIL import ImageDraw, ImageFont
 
-from tk.core.engine.media import Image
+from tk.core.media import Image
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext
 

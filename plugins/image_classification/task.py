@@ -13,10 +13,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tk.core.config import did_you_mean
-from tk.core.engine.optim import OptimConfig, param_groups
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
+from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_source_dataset, check_not_empty

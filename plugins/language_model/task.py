@@ -17,10 +17,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.data.samplers import RandomBlockSampler
-from tk.core.engine.distributed import is_main_process
-from tk.core.engine.media import Text
+from tk.core.distributed import is_main_process
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
+from tk.core.media import Text
 from tk.core.metrics import Metric
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.decoding import GenerationConfig

@@ -15,13 +15,13 @@ from tokenizers import Tokenizer
 from torch import nn
 from torch.utils.data import Dataset
 
-from tk.core.engine.optim import OptimConfig, param_groups
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config, resolve_pretrained_dir
 from tk.core.nn.text_encoder import TextEncoder
+from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.text_classification.data import DataConfig, EncodedDataset, Row, check_data, read_rows

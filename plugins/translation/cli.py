@@ -6,9 +6,7 @@ import sys
 
 import click
 
-from tk.core.engine.checkpoint import load_model_state
-from tk.core.engine.export import average_checkpoints
-from tk.core.engine.inference import load_run, step_checkpoints
+from tk.core.engine.inference import load_run
 from tk.core.errors import TkError
 
 
@@ -24,15 +22,9 @@ def translate(run_dir: str, input_file, beam: int | None, checkpoint: str, avera
     """Print one translation per line of INPUT_FILE (default: stdin), in order."""
     if beam is not None and beam < 1:
         raise click.UsageError(f"--beam must be >= 1, got {beam}")
-    task, model = load_run(run_dir, checkpoint)
+    task, model = load_run(run_dir, checkpoint, average_last=average_last)
     if task.name != "translation":
         raise TkError(f"{run_dir} is a {task.name!r} run; tk translate needs a translation run")
-    if average_last is not None:
-        found = step_checkpoints(run_dir)
-        if average_last < 1 or average_last > len(found):
-            raise TkError(f"--average-last {average_last}: {run_dir} has {len(found)} step checkpoints; "
-                          f"pass 1..{len(found)} (keep more with train.keep_last)")
-        load_model_state(model, average_checkpoints([p for _, p in found[-average_last:]]))
     size = batch_size or task.decode_cfg.batch_size
     lines = input_file.read().splitlines()
     for start in range(0, len(lines), size):

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import sacrebleu
 import torch
 
-from tk.core.engine.media import Text
+from tk.core.media import Text
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext, StepOutput
 

@@ -1,4 +1,4 @@
-"""Tests for tk.core.engine.distributed: single-process defaults and a 2-process gloo job via env vars."""
+"""Tests for tk.core.distributed: single-process defaults and a 2-process gloo job via env vars."""
 
 import multiprocessing as mp
 import os
@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch
 
-from tk.core.engine import distributed as D
+from tk.core import distributed as D
 from tk.core.errors import TkError
 
 

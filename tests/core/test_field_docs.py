@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tk.core.cli.docs import field_docs, section_keys, type_label
 from tk.core.config import core_schema
-from tk.core.docs import field_docs, section_keys, type_label
 from tk.core.registry import available_tasks, load_task
 
 

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.engine.optim import OptimConfig
+from tk.core.optim import OptimConfig
 
 from .distributions import write_distribution
 
@@ -26,7 +26,7 @@ RECORDING_PLUGIN = textwrap.dedent('''
     from torch import nn
     from torch.utils.data import TensorDataset
 
-    from tk.core.engine.optim import param_groups
+    from tk.core.optim import param_groups
     from tk.core.metrics import Accuracy
     from tk.core.step import StepOutput
     from tk.core.task import Task
@@ -264,7 +264,7 @@ def test_a_broken_val_split_fails_before_the_first_step(env, monkeypatch):
 
 
 def test_param_groups_default_matches_core(env):
-    from tk.core.engine.optim import param_groups
+    from tk.core.optim import param_groups
     from tk.core.recipe import load_config
     from tk.core.task import Task
 

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from tk.core.cli import cli
 from tk.core.engine.loggers import TensorBoardLogger, scalars
-from tk.core.engine.media import Image, Text
 from tk.core.engine.runlog import RunLog
+from tk.core.media import Image, Text
 
 TK = str(Path(sys.executable).with_name("tk"))
 

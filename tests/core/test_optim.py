@@ -1,10 +1,10 @@
-"""Tests for tk.core.engine.optim: weight-decay groups, frozen params, layer-wise lr decay."""
+"""Tests for tk.core.optim: weight-decay groups, frozen params, layer-wise lr decay."""
 
 import pytest
 import torch
 from torch import nn
 
-from tk.core.engine.optim import OptimConfig, build_optimizer, param_groups
+from tk.core.optim import OptimConfig, build_optimizer, param_groups
 
 
 class Toy(nn.Module):

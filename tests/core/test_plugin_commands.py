@@ -105,5 +105,5 @@ def test_two_distributions_claiming_one_command_name():
 
 
 def test_load_command_returns_the_click_object():
-    eps = [md.EntryPoint("lst", "tk.core.cli:list_cmd", "tk.commands")]
+    eps = [md.EntryPoint("lst", "tk.core.cli.main:list_cmd", "tk.commands")]
     assert isinstance(load_command(discover_commands(eps)["lst"]), click.Command)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from tests.plugin_dist import build_wheel, install_metadata, pip_editable, subprocess_env
 from tk.core.cli import cli
-from tk.core.scaffold import KINDS, render
+from tk.core.cli.scaffold import KINDS, render
 
 FAST = ["train.max_steps=2", "train.eval_every=2", "train.batch_size=8", "train.progress=false",
         "train.device=cpu", "data.num_train=32", "data.num_val=16"]

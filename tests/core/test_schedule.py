@@ -1,4 +1,4 @@
-"""Tests for tk.core.engine.schedule: multipliers vs their formulas, the step convention, resume."""
+"""Tests for tk.core.schedule: multipliers vs their formulas, the step convention, resume."""
 
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from tk.core.engine.optim import OptimConfig, build_optimizer
-from tk.core.engine.schedule import ScheduleConfig, build_scheduler, lr_multiplier
+from tk.core.optim import OptimConfig, build_optimizer
+from tk.core.schedule import ScheduleConfig, build_scheduler, lr_multiplier
 
 
 def test_noam_matches_formula():

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from tests.core.test_blocks import _randomise_norms, copy_decoder_layer, copy_encoder_layer, copy_linear_norm
-from tk.core.engine.optim import OptimConfig, build_optimizer
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.masks import causal_mask
 from tk.core.nn.pos_embed import sinusoidal_table
 from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder, TransformerDecoder, TransformerEncoder
+from tk.core.optim import OptimConfig, build_optimizer
 
 D, H, FF = 16, 4, 32
 

@@ -4,9 +4,9 @@ import pytest
 import timm
 import torch
 
-from tk.core.engine.optim import OptimConfig, build_optimizer, param_groups
 from tk.core.nn.config import ViTConfig
 from tk.core.nn.vit import VisionTransformer, convert_timm_vit_state_dict, load_timm_vit
+from tk.core.optim import OptimConfig, build_optimizer, param_groups
 
 
 def _tiny(**kw):

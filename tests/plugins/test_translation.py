@@ -278,7 +278,7 @@ def test_two_processes_with_token_budgets_finish(tmp_path):
 
 def test_bleu_metric_logs_the_first_translations_as_text():
     """The first translations in dataset order (source, reference, hypothesis) go to the loggers."""
-    from tk.core.engine.media import Text
+    from tk.core.media import Text
     from tk.core.step import EvalContext
     from tk.plugins.translation.metrics import CorpusBleu
 

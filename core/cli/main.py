@@ -14,81 +14,14 @@ import difflib
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import click
 
 import tk
+from tk.core.cli.group import CliGroup, debug_option, debug_requested
+from tk.core.cli.plugin_commands import describe_command
 from tk.core.errors import TkError
-from tk.core.plugin_commands import PluginCommands, describe_command
-
-DEBUG_ENV = "TK_DEBUG"
-
-
-def _debug_requested(ctx: click.Context) -> bool:
-    return bool(ctx.meta.get("tk.debug")) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-
-
-def _set_debug(ctx: click.Context, _param, value: bool) -> bool:
-    if value:
-        ctx.meta["tk.debug"] = True
-    return value
-
-
-debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
-                            help="Show full tracebacks (also: TK_DEBUG=1).")
-
-
-class TkGroup(click.Group):
-    """A click group that turns exceptions into one-line errors and exit codes: click's
-    own usage errors and TkError exit 2 (a RunError, found during a run, exits 1)."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.UsageError as e:
-            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
-            click.echo(f"error: {_one_line(e.format_message())}{where}", err=True)
-            sys.exit(e.exit_code)
-        except click.ClickException as e:
-            click.echo(f"error: {_one_line(e.format_message())}", err=True)
-            sys.exit(e.exit_code)
-        except click.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(130)
-        except TkError as e:
-            if _debug_requested(ctx):
-                traceback.print_exc()
-            click.echo(f"error: {_one_line(str(e))}", err=True)
-            ctx.exit(e.exit_code)
-        except Exception as e:  # a failure during a run
-            if _debug_requested(ctx):
-                traceback.print_exc()
-            else:
-                hint = " (run with --debug for the full traceback)"
-                click.echo(f"error: {type(e).__name__}: {_one_line(str(e))}{hint}", err=True)
-            ctx.exit(1)
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split())
-
-
-class CliGroup(PluginCommands, TkGroup):
-    """tk's root group: built-in commands, plus plugin commands from ``tk.commands``."""
 
 
 @click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,7 +98,7 @@ def _recipe_summary(path: Path) -> str:
 @debug_option
 def new_task_cmd(name: str, parent: str, kind: str) -> None:
     """Write a pip-installable task plugin package (task, recipe, test, README) to start from."""
-    from tk.core.scaffold import new_task
+    from tk.core.cli.scaffold import new_task
 
     created = new_task(name, parent, kind)
     click.echo(f"created {created} (task {name!r}, kind {kind}); next:\n"
@@ -226,7 +159,7 @@ def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume:
 
         cfg, _ = load_config(recipe, list(overrides))  # config problems: exit 2 before launching
         check_run_dir(cfg.output_dir, resume=resume or bool(resume_from), overwrite=overwrite)
-        flags = ["--resume"] * resume + ["--overwrite"] * overwrite + ["--debug"] * _debug_requested(ctx)
+        flags = ["--resume"] * resume + ["--overwrite"] * overwrite + ["--debug"] * debug_requested(ctx)
         flags += ["--resume-from", resume_from] if resume_from else []
         ctx.exit(launch(nproc_per_node, ["run", recipe, *overrides, *flags]))
     main = int(os.environ.get("RANK", "0")) == 0
@@ -354,8 +287,8 @@ def info_cmd(name: str, as_json: bool) -> None:
     """Describe a task: every config key of its sections and of core's (optim, schedule,
     train) with type, default and doc; or where a plugin command comes from.
     Imports that one plugin (a broken one fails here with its error)."""
+    from tk.core.cli.docs import format_task_info, task_info
     from tk.core.config import core_schema
-    from tk.core.docs import format_task_info, task_info
     from tk.core.registry import discover, discover_commands, load_command, load_entry, load_task
 
     tasks, commands = discover(), discover_commands()
@@ -397,7 +330,7 @@ def plot_cmd(runs: tuple[str, ...], metrics: str | None, x_axis: str, output: st
     tk plot runs/quickstart
     tk plot runs/a runs/b --metrics val/top1,train/loss --x time -o compare.png
     """
-    from tk.core.plot import plot_runs
+    from tk.core.engine.curves import plot_runs
 
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     fig = plot_runs(list(runs), names, x_axis, output)
@@ -414,7 +347,7 @@ def plot_cmd(runs: tuple[str, ...], metrics: str | None, x_axis: str, output: st
 def runs_cmd(folder: str, as_json: bool, sort_metric: str | None) -> None:
     """List the runs under FOLDER (default: runs): task, recipe, status (finished /
     interrupted at step N / failed), steps, best metric and its step, wall time."""
-    from tk.core.runs import format_runs, list_runs
+    from tk.core.cli.runs import format_runs, list_runs
 
     runs = list_runs(folder, sort=sort_metric)
     click.echo(json.dumps(runs) if as_json else format_runs(runs, folder))

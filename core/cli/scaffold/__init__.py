@@ -8,6 +8,6 @@ three kinds differ in the example they start from: one label per sequence
 (``classification``), one tag per token (``tokens``) or an output sequence (``seq2seq``).
 """
 
-from tk.core.scaffold.generate import KINDS, check_name, new_task, render
+from tk.core.cli.scaffold.generate import KINDS, check_name, new_task, render
 
 __all__ = ["KINDS", "check_name", "new_task", "render"]

@@ -163,7 +163,7 @@ def build_optimizer(
     """The optimiser named by ``cfg`` over ``groups`` (default: :func:`param_groups` of ``model``).
 
     Group learning rates already include ``lr_scale`` (``lr = cfg.lr * lr_scale``), so a
-    scheduler that multiplies each group's initial lr (``tk.core.engine.schedule``) keeps the
+    scheduler that multiplies each group's initial lr (``tk.core.schedule``) keeps the
     layer-wise ratios.
 
     Args:

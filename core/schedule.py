@@ -108,7 +108,7 @@ def build_scheduler(
     """A LambdaLR that sets each group's lr to ``initial_lr * lr_multiplier(step)``.
 
     Each group's initial lr already carries its layer-wise ``lr_scale`` (see
-    ``tk.core.engine.optim.build_optimizer``), so the ratios between groups are kept. Call
+    ``tk.core.optim.build_optimizer``), so the ratios between groups are kept. Call
     ``scheduler.step()`` once after every optimizer update. The result is picklable and
     its ``state_dict()`` restores the position on resume.
 

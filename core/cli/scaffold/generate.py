@@ -7,9 +7,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tk.core.cli.scaffold import templates, templates_classification, templates_seq2seq, templates_tokens
 from tk.core.errors import TkError
 from tk.core.registry import discover, discover_recipes
-from tk.core.scaffold import templates, templates_classification, templates_seq2seq, templates_tokens
 
 KINDS = {
     "classification": templates_classification,

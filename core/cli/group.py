@@ -1,0 +1,80 @@
+"""The root click group of ``tk``: one-line errors with exit codes (2 usage/config, 1 during a
+run, tracebacks with ``--debug`` or ``TK_DEBUG=1``), plus the plugin commands of ``tk.commands``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from tk.core.cli.plugin_commands import PluginCommands
+from tk.core.errors import TkError
+
+DEBUG_ENV = "TK_DEBUG"
+
+
+def debug_requested(ctx: click.Context) -> bool:
+    return bool(ctx.meta.get("tk.debug")) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def _set_debug(ctx: click.Context, _param, value: bool) -> bool:
+    if value:
+        ctx.meta["tk.debug"] = True
+    return value
+
+
+debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+                            help="Show full tracebacks (also: TK_DEBUG=1).")
+
+
+class TkGroup(click.Group):
+    """A click group that turns exceptions into one-line errors and exit codes: click's
+    own usage errors and TkError exit 2 (a RunError, found during a run, exits 1)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            click.echo(f"error: {_one_line(e.format_message())}{where}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"error: {_one_line(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except TkError as e:
+            if debug_requested(ctx):
+                traceback.print_exc()
+            click.echo(f"error: {_one_line(str(e))}", err=True)
+            ctx.exit(e.exit_code)
+        except Exception as e:  # a failure during a run
+            if debug_requested(ctx):
+                traceback.print_exc()
+            else:
+                hint = " (run with --debug for the full traceback)"
+                click.echo(f"error: {type(e).__name__}: {_one_line(str(e))}{hint}", err=True)
+            ctx.exit(1)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+class CliGroup(PluginCommands, TkGroup):
+    """tk's root group: built-in commands, plus plugin commands from ``tk.commands``."""
