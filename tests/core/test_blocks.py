@@ -154,8 +154,8 @@ def test_errors():
 SELF_LAYER_KEYS = ["mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias", "norm1.weight", "norm1.bias",
                    "norm2.weight", "norm2.bias", "self_attn.qkv.weight", "self_attn.qkv.bias",
                    "self_attn.proj.weight", "self_attn.proj.bias"]
-DECODER_LAYER_KEYS = [*SELF_LAYER_KEYS[:8], "norm3.weight", "norm3.bias", *SELF_LAYER_KEYS[8:],
-                      *(f"cross_attn.{p}.{k}" for p in ("q_proj", "k_proj", "v_proj", "proj") for k in ("weight", "bias"))]
+CROSS_KEYS = [f"cross_attn.{p}.{k}" for p in ("q_proj", "k_proj", "v_proj", "proj") for k in ("weight", "bias")]
+DECODER_LAYER_KEYS = [*SELF_LAYER_KEYS[:8], "norm3.weight", "norm3.bias", *SELF_LAYER_KEYS[8:], *CROSS_KEYS]
 
 
 @pytest.mark.parametrize("layer_cls, keys", [(EncoderLayer, SELF_LAYER_KEYS), (DecoderOnlyLayer, SELF_LAYER_KEYS),
