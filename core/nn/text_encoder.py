@@ -81,6 +81,11 @@ class TextEncoder(nn.Module):
         with torch.no_grad():
             self.tok_embed.weight[pad_id].zero_()
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing of every encoder layer in training (see
+        :class:`~tk.core.nn.stack.TransformerStack`)."""
+        self.encoder.set_grad_checkpointing(enable)
+
     def num_layers(self) -> int:
         """Layers for ``optim.layer_decay``: embeddings 0, encoder layer i -> i + 1."""
         return self.encoder.num_layers()
