@@ -79,18 +79,29 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.backends.cudnn.deterministic = True
 
 
+def _checkpointable(module: nn.Module) -> list[nn.Module]:
+    """The outermost modules with ``set_grad_checkpointing``: the model itself, or the core
+    stacks / timm backbones a task's model wraps."""
+    if callable(getattr(module, "set_grad_checkpointing", None)):
+        return [module]
+    return [found for child in module.children() for found in _checkpointable(child)]
+
+
 def enable_grad_checkpointing(model: nn.Module) -> None:
-    """``train.grad_checkpointing``: recompute block activations in backward.
+    """``train.grad_checkpointing``: recompute block activations in backward, in the model or,
+    when it has no ``set_grad_checkpointing`` itself, in every submodule that has one.
 
     Raises:
-        TkError: the model has no ``set_grad_checkpointing`` (core ViT and timm have it).
+        TkError: nothing in the model has ``set_grad_checkpointing`` (core stacks, the core
+            ViT and timm models have it).
     """
-    enable = getattr(model, "set_grad_checkpointing", None)
-    if not callable(enable):
+    modules = _checkpointable(model)
+    if not modules:
         raise TkError(f"train.grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing(enable) "
-                      f"method (core ViT and timm models have one); add it to the model or set "
-                      f"train.grad_checkpointing=false")
-    enable(True)
+                      f"method, nor any of its submodules (core Transformer stacks, the core ViT and timm models "
+                      f"have one); add it to the model or set train.grad_checkpointing=false")
+    for module in modules:
+        module.set_grad_checkpointing(True)
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:

@@ -49,15 +49,15 @@ def build_mlp(cfg: TransformerConfig) -> Mlp:
 class _Sublayers(nn.Module):
     """Shared constructor pieces: residual wiring, norms, feed-forward."""
 
-    num_norms = 2
-
-    def __init__(self, cfg: TransformerConfig, drop_path: float) -> None:
+    def __init__(self, cfg: TransformerConfig, drop_path: float, *, cross: bool = False) -> None:
         super().__init__()
         cfg.validate()
         self.norm_first = cfg.norm_first
         self.mlp = build_mlp(cfg)
-        for i in range(1, self.num_norms + 1):
-            setattr(self, f"norm{i}", build_norm(cfg.norm, cfg.dim, cfg.norm_eps))
+        self.norm1 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.norm2 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        if cross:  # built here, not in DecoderLayer, to keep the parameter order optimiser states rely on
+            self.norm3 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
         self.drop_path = DropPath(drop_path)
 
     def _residual(self, x: Tensor, fn: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:
@@ -126,11 +126,9 @@ class DecoderOnlyLayer(EncoderLayer):
 class DecoderLayer(_Sublayers):
     """Causal self-attention + cross-attention to the encoder output + feed-forward."""
 
-    num_norms = 3
-
     def __init__(self, cfg: TransformerConfig, *, drop_path: float = 0.0, rotary: nn.Module | None = None) -> None:
         """Args: as :class:`EncoderLayer`; ``rotary`` applies to self-attention only."""
-        super().__init__(cfg, drop_path)
+        super().__init__(cfg, drop_path, cross=True)
         self.self_attn = _self_attention(cfg, rotary)
         self.cross_attn = build_attention(cfg, cross=True)
 

@@ -1,10 +1,9 @@
 """Positional information: sinusoidal, learned and rotary encodings, scaled token
-embeddings, 2-D sin-cos tables and ViT position-embedding resampling.
+embeddings and ViT position-embedding resampling.
 
 Papers: "Attention Is All You Need" (Vaswani et al., 2017), https://arxiv.org/abs/1706.03762;
 RoFormer / rotary embeddings (Su et al., 2021), https://arxiv.org/abs/2104.09864;
-ViT (Dosovitskiy et al., 2020), https://arxiv.org/abs/2010.11929; MAE 2-D sin-cos
-(He et al., 2021), https://arxiv.org/abs/2111.06377.
+ViT (Dosovitskiy et al., 2020), https://arxiv.org/abs/2010.11929.
 
 All additive encodings share one call: ``module(x, offset=0) -> x + encoding`` for
 x (B, T, D), where ``offset`` is the position of x's first token (the KV-cache length
@@ -222,27 +221,6 @@ def build_positions(cfg: TransformerConfig) -> nn.Module | None:
     if cfg.pos_encoding in ("rotary", "none"):
         return None
     raise ValueError(f"pos_encoding ({cfg.pos_encoding!r}) must be one of {POS_ENCODINGS}")
-
-
-def sincos_pos_embed_2d(dim: int, grid: tuple[int, int], temperature: float = 10000.0) -> Tensor:
-    """Fixed 2-D sin-cos position table for a (h, w) patch grid (MAE-style).
-
-    Layout per position: [sin(y w_k), cos(y w_k), sin(x w_k), cos(x w_k)], each D/4 wide,
-    with w_k = 1 / temperature^(k / (D/4)); rows run over the grid row-major.
-
-    Returns:
-        (h * w, D) float32.
-
-    Raises:
-        ValueError: if D is not divisible by 4.
-    """
-    if dim % 4 != 0:
-        raise ValueError(f"dim ({dim}) must be divisible by 4 for a 2-D sin-cos embedding")
-    h, w = grid
-    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
-    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
-    y, x = torch.outer(ys.flatten(), omega), torch.outer(xs.flatten(), omega)  # (h*w, D/4)
-    return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1)
 
 
 def resample_pos_embed(

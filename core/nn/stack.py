@@ -1,16 +1,20 @@
 """One generic stack of Transformer layers (stochastic-depth schedule, shared rotary
-positions, final norm, KV caches, layer ids), used by the encoder, the decoder and the
-decoder-only LM; and :class:`DecoderCache`, the per-layer caches of incremental decoding.
+positions, final norm, KV caches, activation checkpointing, layer ids), used by the encoder,
+the decoder and the decoder-only LM; and :class:`DecoderCache`, the per-layer caches of
+incremental decoding.
 
 Stochastic depth: "Deep Networks with Stochastic Depth" (Huang et al., 2016),
-https://arxiv.org/abs/1603.09382 (linear rule).
+https://arxiv.org/abs/1603.09382 (linear rule). Activation checkpointing: "Training Deep
+Nets with Sublinear Memory Cost" (Chen et al., 2016), https://arxiv.org/abs/1604.06174.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tk.core.nn.attention import KVCache
 from tk.core.nn.config import TransformerConfig
@@ -77,6 +81,10 @@ class TransformerStack(nn.Module):
 
     Layer ids (for ``optim.layer_decay``): ``layers.{i}`` -> i + 1, the final norm ->
     ``num_layers()`` = depth + 1, anything else (embeddings of a subclass) -> 0.
+
+    Activation checkpointing (:meth:`set_grad_checkpointing`): each layer's activations are
+    recomputed in backward instead of stored, in training mode with gradients on and no KV
+    cache; dropout draws the same masks in the recomputation (torch restores the RNG state).
     """
 
     def __init__(self, cfg: TransformerConfig, layer_cls: type[nn.Module], depth: int | None = None) -> None:
@@ -97,6 +105,12 @@ class TransformerStack(nn.Module):
             layer_cls(cfg, drop_path=p, rotary=rotary) for p in drop_path_rates(cfg.drop_path_rate, depth)
         )
         self.norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps) if cfg.use_final_norm else nn.Identity()
+        self.grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each layer's activations in backward instead of storing them (training
+        only; incremental decoding with a KV cache never checkpoints)."""
+        self.grad_checkpointing = enable
 
     def run_layers(self, x: Tensor, *args: Any, cache: DecoderCache | None = None, **kwargs: Any) -> Tensor:
         """Every layer, then the final norm; ``args``/``kwargs`` go to each layer as they are.
@@ -109,8 +123,12 @@ class TransformerStack(nn.Module):
         Returns:
             (B, T, D).
         """
+        # A cache is filled in place during forward: recomputing a layer would append twice.
+        recompute = self.grad_checkpointing and cache is None and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            if cache is None:
+            if recompute:
+                x = checkpoint(layer, x, *args, use_reentrant=False, **kwargs)
+            elif cache is None:
                 x = layer(x, *args, **kwargs)
             elif cache.cross_attn is None:
                 x = layer(x, *args, cache=cache.self_attn[i], **kwargs)

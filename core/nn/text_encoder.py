@@ -1,4 +1,4 @@
-"""A BERT-style text encoder: token + learned position (+ token-type) embeddings, an
+"""A BERT-style text encoder: token + position (+ token-type) embeddings, an
 embedding LayerNorm, the core :class:`TransformerEncoder`, and cls / mean / max pooling.
 
 BERT: "Pre-training of Deep Bidirectional Transformers for Language Understanding"
@@ -15,6 +15,8 @@ from torch import Tensor, nn
 
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.layers import build_norm
+from tk.core.nn.masks import padding_mask
+from tk.core.nn.pos_embed import LearnedPositionalEmbedding, build_positions
 from tk.core.nn.transformer import TransformerEncoder
 
 __all__ = ["TextEncoder", "pool"]
@@ -48,11 +50,11 @@ def pool(hidden: Tensor, key_padding_mask: Tensor | None, how: Literal["cls", "m
 class TextEncoder(nn.Module):
     """Token ids -> contextual states, BERT layout (embeddings summed, then norm and dropout).
 
-    Positions are learned (``cfg.max_len`` of them, BERT), except with ``cfg.pos_encoding``
-    ``"rotary"`` (the encoder's attention rotates queries and keys: relative positions, no
-    ``pos_embed``) or ``"none"`` (no position information); ``"sinusoidal"`` also means learned.
-    Parameter names: ``tok_embed``, ``pos_embed`` (learned only), ``type_embed`` (absent with
-    ``type_vocab_size=0``), ``embed_norm``, ``encoder.*``.
+    Positions follow ``cfg.pos_encoding``: ``"learned"`` (``cfg.max_len`` trained vectors, BERT),
+    ``"sinusoidal"`` (the fixed sin/cos table, no parameter), ``"rotary"`` (the encoder's
+    attention rotates queries and keys: relative positions, no ``pos_embed``) or ``"none"``
+    (no position information). Parameter names: ``tok_embed``, ``pos_embed`` (learned only),
+    ``type_embed`` (absent with ``type_vocab_size=0``), ``embed_norm``, ``encoder.*``.
 
     Args:
         cfg: the encoder layers' options (BERT: ``norm_first=False``, ``activation="gelu"``,
@@ -67,17 +69,22 @@ class TextEncoder(nn.Module):
         cfg.validate()
         self.cfg, self.pad_id = cfg, pad_id
         self.tok_embed = nn.Embedding(vocab_size, cfg.dim, padding_idx=pad_id)
-        learned = cfg.pos_encoding not in ("rotary", "none")
-        self.pos_embed = nn.Embedding(cfg.max_len, cfg.dim) if learned else None
+        self.pos_embed = build_positions(cfg)
         self.type_embed = nn.Embedding(type_vocab_size, cfg.dim) if type_vocab_size > 0 else None
         self.embed_norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
         self.embed_drop = nn.Dropout(cfg.dropout)
         self.encoder = TransformerEncoder(cfg)
-        for module in (self.tok_embed, self.pos_embed, self.type_embed):
+        learned_pos = self.pos_embed if isinstance(self.pos_embed, LearnedPositionalEmbedding) else None
+        for module in (self.tok_embed, learned_pos, self.type_embed):
             if module is not None:
                 nn.init.normal_(module.weight, std=0.02)
         with torch.no_grad():
             self.tok_embed.weight[pad_id].zero_()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing of every encoder layer in training (see
+        :class:`~tk.core.nn.stack.TransformerStack`)."""
+        self.encoder.set_grad_checkpointing(enable)
 
     def num_layers(self) -> int:
         """Layers for ``optim.layer_decay``: embeddings 0, encoder layer i -> i + 1."""
@@ -91,7 +98,7 @@ class TextEncoder(nn.Module):
 
     def padding_mask(self, tokens: Tensor) -> Tensor:
         """(B, T) bool, True where ``tokens == pad_id``."""
-        return tokens == self.pad_id
+        return padding_mask(tokens, self.pad_id)
 
     def forward(self, tokens: Tensor, token_types: Tensor | None = None,
                 key_padding_mask: Tensor | None = None) -> Tensor:
@@ -113,7 +120,7 @@ class TextEncoder(nn.Module):
             key_padding_mask = self.padding_mask(tokens)
         x = self.tok_embed(tokens)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(T, device=tokens.device))
+            x = self.pos_embed(x)  # (B, T, D) + positions 0 .. T - 1
         if self.type_embed is not None:
             types = torch.zeros_like(tokens) if token_types is None else token_types
             x = x + self.type_embed(types)

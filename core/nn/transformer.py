@@ -145,6 +145,12 @@ class EncoderDecoder(nn.Module):
         else:
             nn.init.normal_(self.lm_head.weight, std=cfg.dim**-0.5)
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing of every encoder and decoder layer in training (see
+        :class:`TransformerStack`); generation is unaffected."""
+        self.encoder.set_grad_checkpointing(enable)
+        self.decoder.set_grad_checkpointing(enable)
+
     def num_layers(self) -> int:
         """encoder layers + decoder layers + 1 (the head)."""
         return len(self.encoder.layers) + len(self.decoder.layers) + 1
@@ -293,6 +299,11 @@ class DecoderOnlyLM(nn.Module):
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embed.weight
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing of every layer in training (see :class:`TransformerStack`);
+        generation is unaffected."""
+        self.decoder.set_grad_checkpointing(enable)
 
     def num_layers(self) -> int:
         """layers + 1 (the head)."""

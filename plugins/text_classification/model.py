@@ -14,13 +14,13 @@ from tk.core.nn.text_encoder import TEXT_POOLINGS, TextEncoder, pool
 @dataclass
 class ModelConfig(TransformerConfig):
     """The recipe's ``model:`` section: core's :class:`TransformerConfig` (a from-scratch
-    encoder; positions are learned, ``data.max_len`` of them) plus the head and fine-tuning keys."""
+    encoder; ``data.max_len`` positions) plus the head and fine-tuning keys."""
 
     dim: int = 128  # encoder width D
     depth: int = 2  # encoder layers
     num_heads: int = 4  # attention heads
     mlp_ratio: float = 2.0  # feed-forward width / dim
-    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # learned (BERT), rotary or none
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # learned, sinusoidal, rotary or none
     pooling: Literal["cls", "mean", "max"] = "cls"  # sentence vector: [CLS] state, or mean/max over non-PAD
     head_dropout: float = 0.1  # dropout before the classification layer
     pretrained_dir: str | None = None  # HF BERT-family folder to fine-tune (its shape and tokenizer replace these)
@@ -31,8 +31,6 @@ class ModelConfig(TransformerConfig):
         problems = super().check(prefix)
         if self.pooling not in TEXT_POOLINGS:
             problems.append(f"{prefix}.pooling ({self.pooling!r}) must be one of {', '.join(TEXT_POOLINGS)}")
-        if self.pos_encoding not in ("learned", "rotary", "none"):
-            problems.append(f"{prefix}.pos_encoding ({self.pos_encoding!r}) must be learned (BERT), rotary or none")
         if not 0.0 <= self.head_dropout < 1.0:
             problems.append(f"{prefix}.head_dropout ({self.head_dropout}) must be in [0, 1)")
         if not self.encoder_lr_scale > 0:

@@ -149,3 +149,18 @@ def test_errors():
         EncoderLayer(TransformerConfig(dim=10, num_heads=3))
     with pytest.raises(ValueError, match="activation"):
         DecoderLayer(TransformerConfig(dim=8, num_heads=2, activation="elu"))
+
+
+SELF_LAYER_KEYS = ["mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias", "norm1.weight", "norm1.bias",
+                   "norm2.weight", "norm2.bias", "self_attn.qkv.weight", "self_attn.qkv.bias",
+                   "self_attn.proj.weight", "self_attn.proj.bias"]
+CROSS_KEYS = [f"cross_attn.{p}.{k}" for p in ("q_proj", "k_proj", "v_proj", "proj") for k in ("weight", "bias")]
+DECODER_LAYER_KEYS = [*SELF_LAYER_KEYS[:8], "norm3.weight", "norm3.bias", *SELF_LAYER_KEYS[8:], *CROSS_KEYS]
+
+
+@pytest.mark.parametrize("layer_cls, keys", [(EncoderLayer, SELF_LAYER_KEYS), (DecoderOnlyLayer, SELF_LAYER_KEYS),
+                                             (DecoderLayer, DECODER_LAYER_KEYS)])
+def test_state_dict_keys_and_their_order_are_stable(layer_cls, keys):
+    """Checkpoints load by name, and optimiser states by parameter order: both stay as released."""
+    layer = layer_cls(TransformerConfig(dim=8, depth=1, num_heads=2))
+    assert list(layer.state_dict()) == keys

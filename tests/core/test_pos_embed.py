@@ -12,7 +12,6 @@ from tk.core.nn.pos_embed import (
     SinusoidalPositionalEncoding,
     TokenEmbedding,
     resample_pos_embed,
-    sincos_pos_embed_2d,
     sinusoidal_table,
 )
 
@@ -135,12 +134,3 @@ def test_resample_errors():
         resample_pos_embed(torch.randn(1, 16, 4), (4, 4), num_prefix_tokens=1)
     with pytest.raises(ValueError, match=r"old_grid \(3, 4\) has 12 cells but pos_embed has 16"):
         resample_pos_embed(torch.randn(1, 17, 4), (4, 4), old_grid=(3, 4))
-
-
-def test_sincos_2d():
-    t = sincos_pos_embed_2d(8, (2, 3))
-    assert t.shape == (6, 8)
-    # position (row 1, col 2) is row 5; first frequency is 1
-    assert torch.allclose(t[5, [0, 2, 4, 6]], torch.tensor([math.sin(1), math.cos(1), math.sin(2), math.cos(2)]))
-    with pytest.raises(ValueError, match=r"dim \(6\) must be divisible by 4"):
-        sincos_pos_embed_2d(6, (2, 2))
