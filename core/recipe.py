@@ -240,8 +240,10 @@ def load_config(recipe: str | Path, overrides: list[str] = (), *, task_loader=No
     task_cls = _load_task(raw.get("task"), source, task_loader or load_task)
     schema = recipe_schema(task_cls)
 
+    errors += renamed_key_problems(raw, getattr(task_cls, "renamed_keys", {}))
     for (keys, value), text in parsed:
-        problem = _check_override_path(schema, keys, text)
+        problem = _renamed_override(keys, value, text, getattr(task_cls, "renamed_keys", {}))
+        problem = problem or _check_override_path(schema, keys, text)
         if problem:
             errors.append(problem)
         else:
@@ -264,6 +266,51 @@ def load_config(recipe: str | Path, overrides: list[str] = (), *, task_loader=No
     if errors:
         raise ConfigError(source, errors)
     return _run_config(raw["task"], sections, output_dir, path), task_cls
+
+
+def _lookup(raw: dict[str, Any], keys: list[str]) -> tuple[bool, Any]:
+    node: Any = raw
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+def _renamed_message(old: str, new: str, value: Any) -> str:
+    if "=" in new:  # a renamed value
+        key, new_value = new.split("=", 1)
+        return f"{key}: {value!r} was renamed to {new_value!r}; write `{key}={new_value}`"
+    section, _, field = new.partition(".")
+    example = f"`{section}: {{{field}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}}}`"
+    return f"{old.split('=')[0]} was renamed to {new}; write {example} instead"
+
+
+def renamed_key_problems(raw: dict[str, Any], renamed: dict[str, str]) -> list[str]:
+    """One problem per old key (or old value) of ``renamed`` found in a recipe mapping;
+    each old key is removed from ``raw`` so it is not reported again as unknown."""
+    problems = []
+    for old, new in renamed.items():
+        keys, _, old_value = old.partition("=")
+        found, value = _lookup(raw, keys.split("."))
+        if not found or (old_value and str(value) != old_value):
+            continue
+        problems.append(_renamed_message(old, new, value))
+        parent = _lookup(raw, keys.split(".")[:-1])[1]
+        if old_value:  # the new value, so the type check does not report it again
+            parent[keys.split(".")[-1]] = new.partition("=")[2]
+        else:
+            del parent[keys.split(".")[-1]]
+    return problems
+
+
+def _renamed_override(keys: list[str], value: Any, text: str, renamed: dict[str, str]) -> str | None:
+    key = ".".join(keys)
+    for old, new in renamed.items():
+        old_key, _, old_value = old.partition("=")
+        if old_key == key and (not old_value or str(value) == old_value):
+            return f"override {text!r}: {_renamed_message(old, new, value)}"
+    return None
 
 
 def _load_task(task_name: Any, source: str, task_loader) -> type:

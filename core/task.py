@@ -42,6 +42,9 @@ class Task:
         ModelConfig: dataclass for the recipe's ``model:`` section.
         extra_sections: further top-level recipe sections owned by the task
             (e.g. ``{"mixup": MixupConfig, "distill": DistillConfig}``).
+        renamed_keys: old recipe key -> its new name (``"data.bpe_vocab_size":
+            "tokenizer.vocab_size"``; a value rename as ``"data.source=hub": "data.source=hf"``);
+            a recipe or override using an old key is a config error naming the new one.
 
     An instance is built from a validated :class:`tk.core.config.RunConfig` and the
     run directory it belongs to (None where a command has none, e.g. ``tk summary``);
@@ -55,6 +58,7 @@ class Task:
     DataConfig: ClassVar[type] = EmptyConfig
     ModelConfig: ClassVar[type] = EmptyConfig
     extra_sections: ClassVar[Mapping[str, type]] = {}
+    renamed_keys: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None) -> None:
         self.cfg = cfg
