@@ -7,7 +7,6 @@ import json
 import math
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -117,7 +116,7 @@ def test_bad_tokenizer_paths_are_one_line_naming_the_key(tmp_path, monkeypatch):
         TextTokenizer.load(tmp_path / "empty")
 
     def offline(name):
-        raise Exception(f"cannot reach the hub for {name}\nsecond line")
+        raise OSError(f"cannot reach the hub for {name}\nsecond line")
 
     monkeypatch.setattr(tokenizer_module, "_from_hub", offline)
     with pytest.raises(TkError) as e:
