@@ -5,13 +5,13 @@ that names the dataset and the fix."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tk.core.errors import TkError
 
-__all__ = ["load_hub_dataset"]
+__all__ = ["iter_column", "load_hub_dataset"]
 
 _SAVED = ("dataset_dict.json", "state.json")  # what save_to_disk writes into its folder
 _NETWORK = ("couldn't reach", "offline", "connection", "network", "resolve", "max retries", "timed out")
@@ -61,6 +61,15 @@ def load_hub_dataset(name: str, config: str | None = None, split: str | None = "
                       f"{_explain(e, key, config_key, split_key)}") from e
     _check_columns(ds, name, columns, key)
     return ds
+
+
+def iter_column(ds: Any, column: str, batch_size: int = 1000) -> Iterator[list[str]]:
+    """Lists of up to ``batch_size`` non-empty values of ``column``, in order, from a ``Dataset``
+    or a streamed ``IterableDataset`` (feed them to ``TextTokenizer.train`` or ``encode_batch``)."""
+    for rows in ds.iter(batch_size=batch_size):
+        texts = [t for t in rows[column] if t]
+        if texts:
+            yield texts
 
 
 def _from_disk(datasets: Any, folder: Path, name: str, split: str | None, split_key: str) -> Any:

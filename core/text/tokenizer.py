@@ -36,7 +36,7 @@ class TokenizerConfig:
     defaults or add fields)."""
 
     kind: Kind = "bpe"  # char: one id per character seen; bpe: byte-level BPE; wordpiece (BERT); unigram
-    vocab_size: int = 8000  # tokens incl. specials (bpe/wordpiece/unigram; char keeps every character seen)
+    vocab_size: int = 8000  # tokens incl. specials; bpe starts from the 256 bytes; char keeps every character seen
     path: str | None = None  # a tokenizer.json, a model folder (tokenizer.json or vocab.txt) or a hub id; null = train
     lowercase: bool = False  # lowercase the text first (wordpiece also strips accents)
     min_frequency: int = 2  # bpe/wordpiece: a merge or piece needs this many occurrences

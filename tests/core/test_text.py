@@ -22,6 +22,7 @@ from tk.core.text import (
     TextTokenizer,
     TokenizerConfig,
     build_tokenizer,
+    iter_column,
     load_hub_dataset,
     read_lines,
     read_parallel,
@@ -219,6 +220,7 @@ def test_hub_loads_local_files_and_saved_folders(tmp_path, monkeypatch):
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a", "b"]})}).save_to_disk(str(saved))
     assert load_hub_dataset(str(saved), split="train")["text"] == ["a", "b"]
     assert [r["text"] for r in load_hub_dataset(str(saved), streaming=True)] == ["a", "b"]
+    assert list(iter_column(load_hub_dataset(str(saved), streaming=True), "text", batch_size=1)) == [["a"], ["b"]]
     with pytest.raises(TkError, match=r"data.hf_split: .* has no split 'validation' \(it has \['train'\]\)"):
         load_hub_dataset(str(saved), split="validation")
     with pytest.raises(TkError, match=r"data.text_column: .* has no column 'body'"):
