@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tk.core.confusion import save_confusion_png
+from tk.core.text.confusion import save_confusion_png
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext
 

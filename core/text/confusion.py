@@ -1,5 +1,5 @@
 """The confusion matrix as a PNG (matplotlib, Agg canvas), shared by the classification
-plugins; a small matrix gets the counts written into its cells."""
+plugins (text and image); a small matrix gets the counts written into its cells."""
 
 from __future__ import annotations
 

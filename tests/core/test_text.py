@@ -1,0 +1,260 @@
+"""tk.core.text: tokenizer kinds (train, save, reload, specials, char ids), loading errors, the
+record reader's file:line errors, the datasets loader's one-line errors, and the text metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from tk.core.errors import TkError
+from tk.core.step import EvalContext, StepOutput
+from tk.core.text import (
+    BERT_SPECIALS,
+    BERT_TEMPLATE,
+    ClassificationMetrics,
+    MultiLabelMetrics,
+    Perplexity,
+    TextTokenizer,
+    TokenizerConfig,
+    build_tokenizer,
+    iter_column,
+    load_hub_dataset,
+    read_lines,
+    read_parallel,
+    read_records,
+)
+from tk.core.text import tokenizer as tokenizer_module
+
+TEXTS = ["The cat sat on the mat.\nA second line, with ünïcode!", "the dog ran far away from the cat"] * 40
+SAMPLE = "the cat ran away\nfrom the dog."
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "wordpiece", "unigram"])
+def test_each_kind_trains_saves_and_reloads_with_the_same_ids(kind, tmp_path):
+    cfg = TokenizerConfig(kind=kind, vocab_size=300, min_frequency=1)
+    tok = TextTokenizer.train(iter(TEXTS), cfg, SPECIALS)
+    assert tok.kind == kind
+    assert tok.special_ids == {s: i for i, s in enumerate(SPECIALS)}  # the given order
+    ids = tok.encode(SAMPLE)
+    tok.save(tmp_path / "tokenizer.json")
+    again = TextTokenizer.load(tmp_path / "tokenizer.json", required_specials=SPECIALS)
+    assert again.kind == kind and again.vocab_size == tok.vocab_size
+    assert again.encode(SAMPLE) == ids == TextTokenizer.from_str(tok.to_str()).encode(SAMPLE)
+    assert again.encode_batch([SAMPLE, "cat"]).ids == [ids, tok.encode("cat")]
+    if kind == "wordpiece":  # BERT pre-tokenisation drops the newline
+        assert again.decode(ids) == "the cat ran away from the dog."
+    else:  # char, byte-level BPE and Metaspace unigram restore the text
+        assert again.decode(ids) == SAMPLE
+        assert again.decode_batch([ids]) == [SAMPLE]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "wordpiece", "unigram"])
+def test_lowercase_applies_to_every_kind(kind):
+    tok = TextTokenizer.train(TEXTS, TokenizerConfig(kind=kind, vocab_size=300, lowercase=True, min_frequency=1),
+                              ["<unk>"])
+    assert tok.encode("THE CAT") == tok.encode("the cat")
+
+
+def test_char_ids_equal_the_old_char_tokenizer():
+    from tk.plugins.language_model.tokenizer import CharTokenizer
+
+    corpus = "".join(TEXTS) + "\t~{}"
+    old = CharTokenizer.train(corpus)
+    new = TextTokenizer.train([corpus], TokenizerConfig(kind="char"), ["<unk>"])
+    probe = "The cat, Zebra ÿ\n\tünïcode~ 🙂"  # unseen characters map to <unk> (id 0)
+    assert new.vocab_size == old.vocab_size
+    assert new.encode(probe) == old.encode(probe)
+    lines = probe.splitlines(keepends=True)
+    assert new.encode_batch(lines).ids == old.encode_batch(lines)
+    # the dict fast path equals the tokenizers pipeline it stands for
+    assert new.encode_batch(lines).ids == [e.ids for e in new.tok.encode_batch(lines)]
+    assert new.decode(new.encode("cat\n"), skip_special_tokens=False) == "cat\n"
+
+
+def test_bert_template_pairs_truncation_and_token_ids():
+    tok = TextTokenizer.train(TEXTS, TokenizerConfig(kind="wordpiece", vocab_size=200, lowercase=True),
+                              BERT_SPECIALS, BERT_TEMPLATE)
+    cls, sep = tok.token_id("[CLS]"), tok.token_id("[SEP]")
+    enc = tok.encode_batch(["the cat", "the cat sat on the mat"], ["the dog", "the dog ran far away"], max_length=8)
+    assert enc.ids[0][0] == cls and enc.ids[0].count(sep) == 2 and len(enc.ids[1]) == 8
+    assert enc.type_ids[0] == [0, 0, 0, 0, 1, 1, 1] and enc.truncated == 1
+    assert tok.encode("the cat", add_special_tokens=False) == enc.ids[0][1:3]
+    with pytest.raises(TkError, match=r"has no token '<mask>'"):
+        tok.token_id("<mask>")
+
+
+def test_hf_folder_with_only_vocab_txt(tmp_path):
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "##s"]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    tok = TextTokenizer.load(tmp_path, required_specials=BERT_SPECIALS)
+    assert tok.kind == "wordpiece"
+    assert tok.encode("The CATS sat") == [2, 4, 5, 7, 6, 3]  # [CLS] the cat ##s sat [SEP]
+
+
+def test_bad_tokenizer_paths_are_one_line_naming_the_key(tmp_path, monkeypatch):
+    with pytest.raises(TkError) as e:
+        TextTokenizer.load(tmp_path / "missing.json")
+    assert "tokenizer.path" in one_line(e) and "tokenizer file not found" in str(e.value)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(TkError) as e:
+        TextTokenizer.load(tmp_path / "bad.json")
+    assert one_line(e).startswith("tokenizer.path:") and "not a tokenizers tokenizer.json" in str(e.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TkError, match="tokenizer.path: folder .* has neither tokenizer.json nor vocab.txt"):
+        TextTokenizer.load(tmp_path / "empty")
+
+    def offline(name):
+        raise OSError(f"cannot reach the hub for {name}\nsecond line")
+
+    monkeypatch.setattr(tokenizer_module, "_from_hub", offline)
+    with pytest.raises(TkError) as e:
+        TextTokenizer.load("owner/model")
+    assert one_line(e).startswith("tokenizer.path: 'owner/model' is not a file or folder here")
+    TextTokenizer.train(TEXTS, TokenizerConfig(kind="char"), ["<unk>"]).save(tmp_path / "c.json")
+    with pytest.raises(TkError, match=r"lacks the special tokens \['<pad>'\]"):
+        build_tokenizer(TokenizerConfig(path=str(tmp_path / "c.json")), [], ["<pad>", "<unk>"])
+
+
+def test_build_tokenizer_trains_without_a_path():
+    tok = build_tokenizer(TokenizerConfig(kind="char"), iter(TEXTS), ["<unk>"])
+    assert tok.source == "trained" and tok.special_ids == {"<unk>": 0}
+
+
+# the reader ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt, body, where, what", [
+    ("csv", 'text,label\n"a, b",pos\nc,neg,extra\n', ":3:", "3 comma-separated fields, expected 2"),
+    ("tsv", "text\tlabel\ngood\tpos\nbad\n", ":3:", "1 tab-separated fields, expected 2"),
+    ("jsonl", '{"text": "a", "label": 1}\n\n{"text": "b"\n', ":3:", "not valid JSON"),
+    ("jsonl", '{"text": "a", "label": 1}\n["b"]\n', ":2:", "expected a JSON object"),
+    ("jsonl", '{"text": "a", "label": 1}\n{"text": "b"}\n', ":2:", "missing 'label'"),
+    ("txt", "one\ntwo\n", ":1:", "missing 'label'"),
+])
+def test_reader_names_file_and_line_of_a_bad_row(tmp_path, fmt, body, where, what):
+    path = tmp_path / f"rows.{fmt}"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(TkError) as e:
+        list(read_records(path, required={"text": "data.text_column", "label": "data.label_column"}))
+    assert f"rows.{fmt}{where}" in one_line(e) and what in str(e.value)
+
+
+def test_reader_records_lines_and_utf8(tmp_path):
+    (tmp_path / "a.csv").write_text('\ufefftext,label\n"multi\nline",pos\n\nb,neg\n', encoding="utf-8")
+    records = list(read_records(tmp_path / "a.csv", required=["text"]))
+    assert [(r.data, r.line) for r in records] == [({"text": "multi\nline", "label": "pos"}, 3),
+                                                   ({"text": "b", "label": "neg"}, 5)]
+    assert records[1].where.endswith("a.csv:5")
+    (tmp_path / "a.tsv").write_text('say "hi"\tpos\n')  # TSV is unquoted; fieldnames = no header line
+    assert next(read_records(tmp_path / "a.tsv", fieldnames=["src", "tgt"])).data == {"src": 'say "hi"', "tgt": "pos"}
+    (tmp_path / "b.tsv").write_text("text\tlabel\n\tneg\n")
+    with pytest.raises(TkError, match=r"b\.tsv:2: missing or empty 'text' .*set data.text_column"):
+        list(read_records(tmp_path / "b.tsv", required={"text": "data.text_column"}, allow_empty=False))
+    (tmp_path / "bad.txt").write_bytes(b"fine\ncaf\xe9\n")
+    with pytest.raises(TkError, match=r"bad\.txt:2: not valid UTF-8"):
+        read_lines(tmp_path / "bad.txt")
+
+
+def test_reader_empty_missing_and_unknown_files(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(TkError, match=r"data.val_file: .*empty\.jsonl is empty"):
+        list(read_records(tmp_path / "empty.jsonl", key="data.val_file"))
+    (tmp_path / "head.csv").write_text("text,label\n")
+    with pytest.raises(TkError, match=r"head\.csv has a header but no rows"):
+        list(read_records(tmp_path / "head.csv"))
+    with pytest.raises(TkError, match=r"data.train_file: .*nope\.tsv does not exist"):
+        list(read_records(tmp_path / "nope.tsv"))
+    (tmp_path / "x.parquet").write_text("x")
+    with pytest.raises(TkError, match="cannot tell the format"):
+        list(read_records(tmp_path / "x.parquet"))
+
+
+def test_parallel_files(tmp_path):
+    (tmp_path / "train.en").write_text("a\n\nc\n")
+    (tmp_path / "train.de").write_text("x\ny\nz")
+    assert read_parallel(tmp_path / "train.en", tmp_path / "train.de") == [("a", "x"), ("", "y"), ("c", "z")]
+    (tmp_path / "train.de").write_text("x\ny\n")
+    with pytest.raises(TkError, match=r"train\.en has 3 lines but .*train\.de has 2"):
+        read_parallel(tmp_path / "train.en", tmp_path / "train.de")
+
+
+# the datasets loader ---------------------------------------------------------------------------
+@pytest.mark.parametrize("error, expect", [
+    (ConnectionError("Couldn't reach 'glue' on the Hub (LocalEntryNotFoundError)"), "no network"),
+    (ValueError("BuilderConfig 'x' not found. Available: ['cola', 'sst2']"),
+     "set data.hf_config to one of ['cola', 'sst2']"),
+    (ValueError('Unknown split "dev". Should be one of [\'train\', \'test\'].'),
+     "set data.hf_split to one of ['train', 'test']"),
+    (FileNotFoundError("Dataset 'nope' doesn't exist on the Hub or cannot be accessed."), "check data.hf_name"),
+])
+def test_hub_failures_are_one_line_naming_the_dataset(monkeypatch, error, expect):
+    def load_dataset(*args, **kwargs):
+        raise error
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(TkError) as e:
+        load_hub_dataset("glue", "x", split="dev")
+    msg = one_line(e)
+    assert msg.startswith("data.hf_name: cannot load 'glue' (config 'x', split 'dev')") and expect in msg, msg
+
+
+def test_hub_loads_local_files_and_saved_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "t.csv").write_text("sentence,label\ngood film,pos\nbad film,neg\n")
+    ds = load_hub_dataset("csv", data_files={"train": str(tmp_path / "t.csv")}, columns=["sentence"],
+                          cache_dir=str(tmp_path / "cache"))
+    assert ds["sentence"] == ["good film", "bad film"]
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a", "b"]})}).save_to_disk(str(saved))
+    assert load_hub_dataset(str(saved), split="train")["text"] == ["a", "b"]
+    assert [r["text"] for r in load_hub_dataset(str(saved), streaming=True)] == ["a", "b"]
+    assert list(iter_column(load_hub_dataset(str(saved), streaming=True), "text", batch_size=1)) == [["a"], ["b"]]
+    with pytest.raises(TkError, match=r"data.hf_split: .* has no split 'validation' \(it has \['train'\]\)"):
+        load_hub_dataset(str(saved), split="validation")
+    with pytest.raises(TkError, match=r"data.text_column: .* has no column 'body'"):
+        load_hub_dataset(str(saved), columns={"body": "data.text_column"})
+
+
+# metrics ---------------------------------------------------------------------------------------
+def test_perplexity_is_exp_of_summed_loss_over_tokens():
+    metric = Perplexity()
+    metric.update(StepOutput(loss=torch.tensor(12.0), num_items=10), {})
+    metric.update(StepOutput(loss=torch.tensor(3.0), num_items=5), {})
+    assert metric.keys() == ["perplexity"]
+    assert metric.compute()["perplexity"] == pytest.approx(math.exp((12.0 + 3.0) / (10 + 5)))
+    assert math.isnan(Perplexity().compute()["perplexity"])
+
+
+def test_classification_report_by_hand(tmp_path):
+    # true 0,0,0,1,1,2 predicted 0,0,1,1,2,2: confusion [[2,1,0],[0,1,1],[0,0,1]]
+    metric = ClassificationMetrics(["a", "b", "c"])
+    target = torch.tensor([0, 0, 0, 1, 1, 2])
+    logits = torch.nn.functional.one_hot(torch.tensor([0, 0, 1, 1, 2, 2]), 3).float()
+    metric.update(StepOutput(loss=torch.tensor(0.0), num_items=6, outputs=logits), {"labels": target})
+    f1 = [2 * 2 / (4 + 0 + 1), 2 * 1 / (2 + 1 + 1), 2 * 1 / (2 + 1 + 0)]
+    out = metric.compute()
+    assert out["top1"] == pytest.approx(4 / 6) and out["macro_f1"] == pytest.approx(sum(f1) / 3)
+    metric.write(tmp_path, EvalContext(split="val", step=1))
+    assert (tmp_path / "val_confusion.tsv").read_text().splitlines()[1] == "a\t2\t1\t0"
+    assert (tmp_path / "val_per_class.tsv").read_text().splitlines()[0].split("\t")[0] == "class"
+    assert (tmp_path / "val_confusion.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_multilabel_keys():
+    metric = MultiLabelMetrics(["x", "y"])
+    logits = torch.tensor([[5.0, -5.0], [5.0, 5.0]])
+    metric.update(StepOutput(loss=torch.tensor(0.0), num_items=2, outputs=logits),
+                  {"labels": torch.tensor([[1.0, 0.0], [1.0, 0.0]])})
+    assert metric.compute() == {"micro_f1": pytest.approx(0.8), "macro_f1": pytest.approx(0.5), "subset_acc": 0.5}
