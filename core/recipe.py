@@ -278,6 +278,8 @@ def _lookup(raw: dict[str, Any], keys: list[str]) -> tuple[bool, Any]:
 
 
 def _renamed_message(old: str, new: str, value: Any) -> str:
+    if " " in new:  # a sentence: the new key and how to write it
+        return f"{old.split('=')[0]} {new}"
     if "=" in new:  # a renamed value
         key, new_value = new.split("=", 1)
         return f"{key}: {value!r} was renamed to {new_value!r}; write `{key}={new_value}`"

@@ -43,7 +43,8 @@ class Task:
         extra_sections: further top-level recipe sections owned by the task
             (e.g. ``{"mixup": MixupConfig, "distill": DistillConfig}``).
         renamed_keys: old recipe key -> its new name (``"data.bpe_vocab_size":
-            "tokenizer.vocab_size"``; a value rename as ``"data.source=hub": "data.source=hf"``);
+            "tokenizer.vocab_size"``; a value rename as ``"data.source=hub": "data.source=hf"``;
+            a text with a space is the hint itself: ``"was renamed to data.hf_split (a mapping)"``);
             a recipe or override using an old key is a config error naming the new one.
 
     An instance is built from a validated :class:`tk.core.config.RunConfig` and the
