@@ -14,7 +14,7 @@ RECIPES = sorted(builtin_recipes())
 # Per task: overrides that swap downloads for generated data and shrink the run.
 OFFLINE = {
     "image_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32"],
-    "text_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32", "data.vocab_size=100",
+    "text_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32", "tokenizer.vocab_size=100",
                             "model.pretrained_dir=null"],
     "translation": ["data.source=synthetic", "data.max_len=64", "data.max_tokens=512", "data.num_train=64",
                     "data.num_val=16", "tokenizer.vocab_size=60", "model.dim=32", "model.depth=1",

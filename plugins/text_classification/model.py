@@ -20,7 +20,8 @@ class ModelConfig(TransformerConfig):
     depth: int = 2  # encoder layers
     num_heads: int = 4  # attention heads
     mlp_ratio: float = 2.0  # feed-forward width / dim
-    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # learned, sinusoidal, rotary or none
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = (
+        "learned")  # learned: BERT's trained table; sinusoidal: the fixed sin/cos table; rotary: relative; none
     pooling: Literal["cls", "mean", "max"] = "cls"  # sentence vector: [CLS] state, or mean/max over non-PAD
     head_dropout: float = 0.1  # dropout before the classification layer
     pretrained_dir: str | None = None  # HF BERT-family folder to fine-tune (its shape and tokenizer replace these)

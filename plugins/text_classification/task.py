@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -24,10 +23,17 @@ from tk.core.nn.text_encoder import TextEncoder
 from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
-from tk.plugins.text_classification.data import DataConfig, EncodedDataset, Row, check_data, read_rows
-from tk.plugins.text_classification.metrics import ClassificationMetrics, MultiLabelMetrics
+from tk.core.text import BERT_SPECIALS, BERT_TEMPLATE, Encoded, TextTokenizer, build_tokenizer
+from tk.plugins.text_classification.data import (
+    DataConfig,
+    EncodedDataset,
+    Row,
+    TextClsTokenizerConfig,
+    check_data,
+    read_rows,
+)
+from tk.plugins.text_classification.metrics import build_metrics
 from tk.plugins.text_classification.model import ModelConfig, TextClassifier
-from tk.plugins.text_classification.tokenizer import encode, load_pretrained_tokenizer, special_id, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +63,15 @@ class TextClassificationTask(Task):
     name: ClassVar[str] = "text_classification"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
+    extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TextClsTokenizerConfig}
+    renamed_keys: ClassVar[Mapping[str, str]] = {
+        "data.tokenizer": "tokenizer.kind", "data.vocab_size": "tokenizer.vocab_size",
+        "data.lowercase": "tokenizer.lowercase", "data.hf_splits": "data.hf_split"}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
         self.labels: list[Any] | None = None
-        self.tokenizer: Tokenizer | None = None
+        self.tokenizer: TextTokenizer | None = None
         self.encoder_spec: dict[str, Any] | None = None
         self._train_rows: list[Row] | None = None
         self.truncated: dict[str, int] = {}  # split -> examples cut to max_len
@@ -69,7 +79,11 @@ class TextClassificationTask(Task):
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
-        return check_data(cfg.sections["data"])
+        problems = check_data(cfg.sections["data"])
+        if cfg.sections["tokenizer"].path is not None and cfg.sections["model"].pretrained_dir is not None:
+            problems.append("tokenizer.path: model.pretrained_dir brings its own tokenizer (its vocabulary matches "
+                            "its embeddings); set tokenizer.path to null")
+        return problems
 
     @property
     def multi_label(self) -> bool:
@@ -90,7 +104,7 @@ class TextClassificationTask(Task):
         if self.labels is None and self.files.exists(LABELS_FILE):
             self.labels = json.loads(self.files.read_text(LABELS_FILE))
         if self.tokenizer is None and self.files.exists(TOKENIZER_FILE):
-            self.tokenizer = Tokenizer.from_str(self.files.read_text(TOKENIZER_FILE))
+            self.tokenizer = TextTokenizer.from_str(self.files.read_text(TOKENIZER_FILE))
         if self.encoder_spec is None and self.files.exists(ENCODER_FILE):
             self.encoder_spec = json.loads(self.files.read_text(ENCODER_FILE))
         if self.labels is None:
@@ -109,11 +123,11 @@ class TextClassificationTask(Task):
             self.encoder_spec = {"cfg": dataclasses.asdict(cfg), "vocab_size": vocab, "type_vocab_size": types}
         if self.tokenizer is None:
             if m.pretrained_dir is not None:
-                self.tokenizer = load_pretrained_tokenizer(self.pretrained_path)
+                self.tokenizer = TextTokenizer.load(self.pretrained_path, BERT_SPECIALS, key="model.pretrained_dir")
             else:
                 rows = self._train_rows or read_rows(self.data, "train")
-                texts = [r[0] for r in rows] + [r[1] for r in rows if r[1] is not None]
-                self.tokenizer = train_tokenizer(texts, self.data.tokenizer, self.data.vocab_size, self.data.lowercase)
+                texts = (t for r in rows for t in (r[0], r[1]) if t is not None)  # not read when tokenizer.path is set
+                self.tokenizer = build_tokenizer(self.sections["tokenizer"], texts, BERT_SPECIALS, BERT_TEMPLATE)
         if not resume and self.run_dir is not None:
             for name, text in ((LABELS_FILE, json.dumps(self.labels, indent=1)), (TOKENIZER_FILE, self.tokenizer.to_str()),
                                (ENCODER_FILE, json.dumps(self.encoder_spec) if self.encoder_spec else None)):
@@ -129,7 +143,7 @@ class TextClassificationTask(Task):
 
     @property
     def pad_id(self) -> int:
-        return special_id(self.tokenizer, "[PAD]")
+        return self.tokenizer.token_id("[PAD]")
 
     @property
     def max_len(self) -> int:
@@ -155,12 +169,17 @@ class TextClassificationTask(Task):
             else:
                 targets.append(found[0])
         pairs = [r[1] for r in rows] if self.data.text_pair_column else None
-        ids, types, cut = encode(self.tokenizer, [r[0] for r in rows], pairs, self.max_len)
-        if cut:  # a warning: those examples lose text
-            log.warning("%s split: %d of %d examples truncated to %d tokens (data.max_len)", split, cut, len(rows),
-                        self.max_len)
-        self.truncated[split] = cut
-        return EncodedDataset([{"input_ids": i, "token_types": t, "labels": y} for i, t, y in zip(ids, types, targets)])
+        enc = self.encode([r[0] for r in rows], pairs)
+        if enc.truncated:  # a warning: those examples lose text
+            log.warning("%s split: %d of %d examples truncated to %d tokens (data.max_len)", split, enc.truncated,
+                        len(rows), self.max_len)
+        self.truncated[split] = enc.truncated
+        return EncodedDataset([{"input_ids": i, "token_types": t, "labels": y}
+                               for i, t, y in zip(enc.ids, enc.type_ids, targets)])
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> Encoded:
+        """``[CLS] A [SEP] (B [SEP])`` ids and token types, cut to :attr:`max_len` (counted)."""
+        return self.tokenizer.encode_batch(texts, pairs, max_length=self.max_len)
 
     def collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """Pad to the longest example of the batch (dynamic padding)."""
@@ -183,7 +202,7 @@ class TextClassificationTask(Task):
             vocab, types = self.encoder_spec["vocab_size"], self.encoder_spec["type_vocab_size"]
         else:
             cfg = TransformerConfig.of(m, max_len=self.data.max_len)
-            vocab, types = self.tokenizer.get_vocab_size(), 2
+            vocab, types = self.tokenizer.vocab_size, 2
         encoder = TextEncoder(cfg, vocab, type_vocab_size=types, pad_id=self.pad_id)
         return TextClassifier(encoder, len(self.labels), m.pooling, m.head_dropout)
 
@@ -211,9 +230,7 @@ class TextClassificationTask(Task):
         return StepOutput(loss=loss, num_items=count, outputs=logits.detach())
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
-        if self.multi_label:
-            return {"cls": MultiLabelMetrics(self.labels, self.model_cfg.threshold)}
-        return {"cls": ClassificationMetrics(self.labels)}
+        return build_metrics(self.labels, self.multi_label, self.model_cfg.threshold)
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()
@@ -232,8 +249,8 @@ class TextClassificationTask(Task):
             if bad:
                 raise TkError(f"{bad[0]!r}: this run classifies text pairs; give the two texts separated by a tab")
             texts, pairs = [s[0] for s in split], [s[1] for s in split]
-        ids, types, _ = encode(self.tokenizer, texts, pairs, self.max_len)
-        batch = self.collate([{"input_ids": i, "token_types": t} for i, t in zip(ids, types)])
+        enc = self.encode(texts, pairs)
+        batch = self.collate([{"input_ids": i, "token_types": t} for i, t in zip(enc.ids, enc.type_ids)])
         device = next(model.parameters()).device
         model.eval()
         logits = model(batch["input_ids"].to(device), batch["token_types"].to(device)).float().cpu()

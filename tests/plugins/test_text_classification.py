@@ -16,11 +16,11 @@ from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config
 from tk.core.nn.text_encoder import TextEncoder, pool
-from tk.plugins.text_classification.data import DataConfig, read_rows
+from tk.core.text import BERT_SPECIALS, BERT_TEMPLATE, TextTokenizer
+from tk.plugins.text_classification.data import DataConfig, TextClsTokenizerConfig, read_rows
 from tk.plugins.text_classification.synthetic import synthetic_rows
-from tk.plugins.text_classification.tokenizer import encode, train_tokenizer
 
-SMALL_RUN = ["train.progress=false", "train.num_workers=0", "model.dim=32", "model.depth=1", "data.vocab_size=100"]
+SMALL_RUN = ["train.progress=false", "train.num_workers=0", "model.dim=32", "model.depth=1", "tokenizer.vocab_size=100"]
 
 
 def run_cli(args, **kwargs):
@@ -43,12 +43,14 @@ def test_mean_and_max_pooling_ignore_pad():
 
 
 def test_truncation_is_counted():
-    tok = train_tokenizer(["a b c d e f g h"] * 10, "wordpiece", 40, True)
-    ids, _, cut = encode(tok, ["a b", "a b c d e f g h", "a b c d"], None, max_len=5)
+    cfg = TextClsTokenizerConfig(kind="wordpiece", vocab_size=40, lowercase=True)
+    tok = TextTokenizer.train(["a b c d e f g h"] * 10, cfg, BERT_SPECIALS, BERT_TEMPLATE)
+    enc = tok.encode_batch(["a b", "a b c d e f g h", "a b c d"], max_length=5)
+    ids, cut = enc.ids, enc.truncated
     assert cut == 2  # 10 and 6 tokens with [CLS]/[SEP] exceed 5; 4 does not
     assert [len(i) for i in ids] == [4, 5, 5]
-    assert ids[1][0] == tok.token_to_id("[CLS]") and ids[1][-1] == tok.token_to_id("[SEP]")
-    _, pair_types, _ = encode(tok, ["a b"], ["c d"], max_len=16)
+    assert ids[1][0] == tok.token_id("[CLS]") and ids[1][-1] == tok.token_id("[SEP]")
+    pair_types = tok.encode_batch(["a b"], ["c d"], max_length=16).type_ids
     assert pair_types[0] == [0, 0, 0, 0, 1, 1, 1]
 
 
@@ -142,7 +144,7 @@ def test_synthetic_run_beats_bag_of_words_and_predicts_from_stdin(tmp_path):
     run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.num_train=2000", "train.max_steps=250",
              "train.eval_every=250", "optim.lr=3e-3", "train.progress=false", "train.num_workers=0"])
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    acc = [m["val/accuracy"] for m in metrics if "val/accuracy" in m][-1]
+    acc = [m["val/top1"] for m in metrics if "val/top1" in m][-1]
     bow = bag_of_words_accuracy(synthetic_rows(2000, 0), synthetic_rows(500, 1))  # the recipe's splits
     assert bow < 0.75, f"the synthetic corpus should defeat bag-of-words, got {bow:.3f}"
     assert acc > bow + 0.2, f"encoder {acc:.3f} vs bag-of-words {bow:.3f}"
@@ -184,7 +186,7 @@ def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, ca
     assert len(ignored) == 1 and "model.dim, model.num_heads" in ignored[0], ignored
     shutil.rmtree(folder)  # eval/predict use the run's own files and weights
     task, model = load_run(run_dir, "last", [])
-    assert task.tokenizer.token_to_id("good") == 5 + words.index("good")  # the folder's vocabulary, not a trained one
+    assert task.tokenizer.token_id("good") == 5 + words.index("good")  # the folder's vocabulary, not a trained one
     torch.testing.assert_close(model.encoder.tok_embed.weight, hf.embeddings.word_embeddings.weight, atol=1e-6, rtol=0)
     assert model.encoder.cfg.dim == 32 and not model.encoder.cfg.norm_first
     [pred] = task.predict(model, ["the film was not bad"])
@@ -234,7 +236,7 @@ def test_hf_datasets_source_reads_local_files(tmp_path, monkeypatch):
 
 def test_per_class_precision_recall_and_confusion_files(tmp_path):
     from tk.core.step import EvalContext, StepOutput
-    from tk.plugins.text_classification.metrics import ClassificationMetrics
+    from tk.core.text import ClassificationMetrics
 
     metric = ClassificationMetrics(["a", "b", "c"])
     target = torch.tensor([0, 0, 0, 1, 1, 2])
@@ -302,13 +304,13 @@ def test_bpe_tokenizer_on_text_pairs_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.source=files",
              f"data.train_file={tmp_path / 'train.tsv'}", f"data.val_file={tmp_path / 'dev.tsv'}",
-             "data.text_column=premise", "data.text_pair_column=hypothesis", "data.tokenizer=bpe",
+             "data.text_column=premise", "data.text_pair_column=hypothesis", "tokenizer.kind=bpe",
              "train.max_steps=2", *SMALL_RUN])
     tok = json.loads((run_dir / "artifacts" / "tokenizer.json").read_text())
     assert tok["model"]["type"] == "BPE"
     task, model = load_run(run_dir, "last", [])
     [item] = [task.build_dataset("val")[0]]
-    sep = task.tokenizer.token_to_id("[SEP]")
+    sep = task.tokenizer.token_id("[SEP]")
     first_sep = item["input_ids"].index(sep)
     assert set(item["token_types"][: first_sep + 1]) == {0} and set(item["token_types"][first_sep + 1:]) == {1}
     result = run_cli(["predict", str(run_dir), "-"], input=f"{rows[0][0]}\t{rows[0][1]}\n")
@@ -350,7 +352,7 @@ def test_rotary_run_with_ema_predicts_with_the_ema_weights(tmp_path):
     and `tk predict --ema` uses the EMA weights (those exported to model_ema.safetensors)."""
     run_dir = tmp_path / "run"
     run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "model.pos_encoding=rotary", "train.max_steps=4",
-             "train.eval_every=4", "train.ema_decay=0.5", "train.best_metric=val_ema/accuracy", *SMALL_RUN])
+             "train.eval_every=4", "train.ema_decay=0.5", "train.best_metric=val_ema/top1", *SMALL_RUN])
     text = "good, not bad\n"
 
     def probs(*extra):
@@ -359,3 +361,40 @@ def test_rotary_run_with_ema_predicts_with_the_ema_weights(tmp_path):
 
     ema, raw = probs("--ema"), probs()
     assert ema == probs("--weights", str(run_dir / "model_ema.safetensors")) and ema != raw
+
+
+@pytest.mark.parametrize("old, value, new", [
+    ("data.tokenizer", "bpe", "tokenizer.kind"), ("data.vocab_size", "100", "tokenizer.vocab_size"),
+    ("data.lowercase", "false", "tokenizer.lowercase"), ("data.hf_splits", "{val: test}", "data.hf_split")])
+def test_renamed_keys_are_one_line_errors_naming_the_new_key(old, value, new, tmp_path):
+    section, key = old.split(".")
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(f"task: text_classification\n{section}: {{source: synthetic, {key}: {value}}}\n")
+    for args in (["run", "textcls_synthetic", f"output_dir={tmp_path / 'run'}", f"{old}={value}"],
+                 ["run", str(recipe), f"output_dir={tmp_path / 'run'}"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and f"{old} was renamed to {new}" in lines[0], result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_given_tokenizer_path_and_sinusoidal_positions(tmp_path):
+    """tokenizer.path: a given tokenizer.json is used as is (not retrained), with BERT's
+    template; one lacking [CLS] is a one-line error naming the key."""
+    cfg = TextClsTokenizerConfig(kind="wordpiece", vocab_size=80)
+    texts = [t for t, _ in synthetic_rows(200, 3)]
+    given = TextTokenizer.train(texts, cfg, BERT_SPECIALS)  # no template: the task adds it
+    given.save(tmp_path / "tok.json")
+    run_dir = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", f"tokenizer.path={tmp_path / 'tok.json'}",
+             "model.pos_encoding=sinusoidal", "train.max_steps=2", *SMALL_RUN])
+    task, model = load_run(run_dir, "last", [])
+    assert task.tokenizer.tok.get_vocab() == given.tok.get_vocab()
+    assert not any("pos_embed" in n for n, _ in model.named_parameters())  # a fixed table
+    ids = task.build_dataset("val")[0]["input_ids"]
+    assert ids[0] == given.token_id("[CLS]") and ids[-1] == given.token_id("[SEP]")
+    TextTokenizer.train(texts, cfg, ["[PAD]", "[UNK]"]).save(tmp_path / "bad.json")
+    result = CliRunner().invoke(cli, ["run", "textcls_synthetic", f"output_dir={tmp_path / 'bad'}",
+                                      f"tokenizer.path={tmp_path / 'bad.json'}", "train.max_steps=2", *SMALL_RUN])
+    assert result.exit_code == 2 and "tokenizer.path:" in result.output and "[CLS]" in result.output, result.output
