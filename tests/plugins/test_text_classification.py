@@ -281,7 +281,8 @@ def test_multi_label_learns_and_predicts_label_sets(tmp_path):
     run_dir = tmp_path / "run"
     run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.source=files", f"data.train_file={train}",
              f"data.val_file={val}", "data.multi_label=true", "data.label_delimiter='|'", "model.pooling=mean",
-             "optim.lr=3e-3", "train.max_steps=100", "train.eval_every=100", "train.batch_size=32", *SMALL_RUN])
+             "optim.lr=3e-3", "train.max_steps=100", "train.eval_every=100", "train.batch_size=32",
+             "train.best_metric=val/subset_acc", *SMALL_RUN])
     final = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
     assert final["val/micro_f1"] > 0.9 and final["val/macro_f1"] > 0.9, final
     assert json.loads((run_dir / "artifacts" / "labels.json").read_text()) == ["food", "music", "sport"]
