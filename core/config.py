@@ -48,7 +48,7 @@ class TrainConfig:
     max_bad_steps: int = 5  # consecutive non-finite steps before the run stops
     ema_decay: float | None = None  # EMA of the weights (e.g. 0.9999), evaluated as val_ema/*; None = off
     ema_warmup_steps: int = 0  # EMA decay warmup: decay of update n is min(ema_decay, (1+n)/(W+n)); 0 = off
-    grad_checkpointing: bool = False  # recompute block activations in backward (needs model.set_grad_checkpointing)
+    grad_checkpointing: bool = False  # recompute each block's activations in backward (every core stack, ViT, timm models)
     overfit_batches: int | None = None  # sanity mode: train on these N fixed batches only; None = off
     early_stopping_patience: int | None = None  # stop after N evaluations without a better best_metric
     compile: bool = False  # torch.compile the model for training (evaluation stays eager)

@@ -463,3 +463,38 @@ def test_bad_input(name, world, tmp_path, monkeypatch):
     if case.unchanged:
         assert hashes(tmp_path) == before
     assert not list(tmp_path.glob(".*tk-overwritten"))
+
+
+# -- renamed recipe keys (issue #23: one vocabulary across the NLP tasks) ------------------
+# old key (or old value) -> the new key its one-line error must name
+RENAMED = {
+    "language_model": {"data.bpe_vocab_size": "tokenizer.vocab_size", "data.tokenizer": "tokenizer.kind",
+                       "data.tokenizer_file": "tokenizer.path", "data.dataset": "data.hf_name",
+                       "data.config": "data.hf_config", "data.split": "data.hf_split",
+                       "data.synthetic_seed": "data.seed", "data.source=hub": "hf"},
+    "text_classification": {"data.tokenizer": "tokenizer.kind", "data.vocab_size": "tokenizer.vocab_size",
+                            "data.lowercase": "tokenizer.lowercase", "data.hf_splits": "data.hf_split"},
+    "translation": {"data.lowercase": "tokenizer.lowercase", "data.hf_val_split": "data.hf_split"},
+}
+RENAMED_CASES = [(task, old, new) for task, keys in RENAMED.items() for old, new in keys.items()]
+
+
+@pytest.mark.parametrize("how", ["recipe", "override"])
+@pytest.mark.parametrize("task,old,new", RENAMED_CASES, ids=[f"{t}:{o}" for t, o, _ in RENAMED_CASES])
+def test_renamed_key_is_one_line_naming_the_new_key(task, old, new, how, tmp_path):
+    key, _, value = old.partition("=")
+    value = value or "4"
+    section, field = key.split(".")
+    recipe = tmp_path / "old.yaml"
+    if how == "recipe":
+        recipe.write_text(f"task: {task}\n{section}: {{{field}: {value}}}\noutput_dir: {tmp_path / 'run'}\n")
+        args = ["validate", str(recipe)]
+    else:
+        recipe.write_text(f"task: {task}\noutput_dir: {tmp_path / 'run'}\n")
+        args = ["validate", str(recipe), f"{key}={value}"]
+    before = hashes(tmp_path)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "renamed to" in result.stderr and new in result.stderr, result.stderr
+    assert hashes(tmp_path) == before

@@ -195,11 +195,12 @@ def summary_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @click.option("--checkpoint", default="best", show_default=True, help="best, last, or a checkpoint path.")
 @click.option("--split", default="val", show_default=True, type=click.Choice(["val", "test", "train"]),
               help="The split to evaluate.")
-@click.option("--ema", is_flag=True, help="Evaluate the EMA weights (runs with train.ema_decay).")
+@click.option("--ema/--raw", "ema", default=None,
+              help="The EMA or the raw weights  [default: the ones the run selected: EMA when best_metric is val_ema/*]")
 @click.option("--weights", default=None, help="A bare .safetensors file to evaluate with the run's config.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @debug_option
-def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: str, ema: bool,
+def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: str, ema: bool | None,
              weights: str | None, as_json: bool) -> None:
     """Evaluate a run's checkpoint on a split: the task is rebuilt from the run's saved
     config (plus key.sub=value overrides, e.g. train.eval_batch_size=256)."""
@@ -210,7 +211,7 @@ def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: s
     if as_json:
         click.echo(json.dumps(report))
         return
-    click.echo(f"{report['checkpoint']} (step {report['step']}, {split}{', EMA weights' if ema else ''}):")
+    click.echo(f"{report['checkpoint']} (step {report['step']}, {split}{', EMA weights' if report['ema'] else ''}):")
     for key, value in report["metrics"].items():
         click.echo(f"  {key:<20} {value:.4f}")
 
@@ -243,11 +244,12 @@ def average_cmd(run_dir: str, last_k: int, output: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True,
               help="json: one JSON object per input; text: `input: prediction` lines for people.")
 @click.option("--weights", default=None, help="A bare .safetensors file to predict with the run's config.")
-@click.option("--ema", is_flag=True, help="Predict with the EMA weights (runs with train.ema_decay).")
+@click.option("--ema/--raw", "ema", default=None,
+              help="The EMA or the raw weights  [default: the ones the run selected: EMA when best_metric is val_ema/*]")
 @debug_option
 @click.pass_context
 def predict_cmd(ctx: click.Context, run_dir: str, args: tuple[str, ...], input_file, checkpoint: str,
-                batch_size: int, device: str | None, fmt: str, weights: str | None, ema: bool) -> None:
+                batch_size: int, device: str | None, fmt: str, weights: str | None, ema: bool | None) -> None:
     """Predict with a trained run on raw inputs (image paths, sentences, prompts).
 
     \b

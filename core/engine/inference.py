@@ -71,6 +71,7 @@ class _SavedRun:
     source: Path  # the checkpoint or weights file
     state: dict[str, Any]  # the checkpoint (task state, step, ...); {} for bare weights without checkpoints
     weights: Mapping[str, Any]
+    ema: bool = False  # the weights are the checkpoint's EMA weights
 
 
 def _config(run_dir: Path, overrides: list[str]) -> tuple[Any, type[Task]]:
@@ -80,7 +81,13 @@ def _config(run_dir: Path, overrides: list[str]) -> tuple[Any, type[Task]]:
     return load_config(str(config_path), list(overrides))
 
 
-def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool, weights: str | None) -> _SavedRun:
+def selects_ema(cfg: Any) -> bool:
+    """Whether the run chose its model by an EMA metric (``train.best_metric: val_ema/...``):
+    then its model is the EMA weights, and eval/predict/export use them unless told ``--raw``."""
+    return bool(cfg.train.best_metric and cfg.train.best_metric.startswith("val_ema/"))
+
+
+def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool | None, weights: str | None) -> _SavedRun:
     cfg, task_cls = _config(run_dir, overrides)
     if weights is not None:  # bare weights + the run's config; task state from its newest checkpoint
         source = Path(weights).expanduser()
@@ -90,9 +97,11 @@ def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool, w
         return _SavedRun(cfg, task_cls, source, load_checkpoint(last) if last.is_file() else {}, load_file(source))
     source = resolve_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(source)
+    if ema is None:  # the weights the run selected
+        ema = selects_ema(cfg) and state.get("ema") is not None
     if ema and state.get("ema") is None:
         raise TkError(f"--ema: {source} holds no EMA weights; the run was trained without train.ema_decay")
-    return _SavedRun(cfg, task_cls, source, state, state["ema"]["module"] if ema else state["model"])
+    return _SavedRun(cfg, task_cls, source, state, state["ema"]["module"] if ema else state["model"], ema)
 
 
 def _assemble_saved(run_dir: Path, saved: _SavedRun, mode: str, build_data=None) -> tuple[Task, nn.Module, Any]:
@@ -102,7 +111,8 @@ def _assemble_saved(run_dir: Path, saved: _SavedRun, mode: str, build_data=None)
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str] = (),
-             ema: bool = False, weights: str | None = None, average_last: int | None = None) -> tuple[Task, nn.Module]:
+             ema: bool | None = None, weights: str | None = None,
+             average_last: int | None = None) -> tuple[Task, nn.Module]:
     """The task and model of a finished (or interrupted) run, model in eval mode, built
     in the documented order (``tk.core.engine.assemble``, mode "predict").
 
@@ -111,7 +121,8 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str]
             wherever it is now: the task gets this path, not the saved ``output_dir``.
         checkpoint: ``best``, ``last`` or a checkpoint file (e.g. from ``tk average``).
         overrides: ``key.sub=value`` applied to the run's saved config.
-        ema: load the EMA weights instead of the raw ones.
+        ema: True: the checkpoint's EMA weights; False: its raw weights; None: the ones the
+            run selected (EMA when ``train.best_metric`` is a ``val_ema/`` metric).
         weights: a bare ``.safetensors`` file to load instead of a checkpoint's weights.
         average_last: load the average of the run's last K step checkpoints' weights instead.
 
@@ -131,7 +142,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str]
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "val",
-                 overrides: list[str] = (), ema: bool = False, weights: str | None = None) -> dict[str, Any]:
+                 overrides: list[str] = (), ema: bool | None = None, weights: str | None = None) -> dict[str, Any]:
     """``tk eval``: the task's loss and metrics of a run's checkpoint on ``split``.
 
     The device, precision and eval batch size come from the run's ``train:`` section
@@ -157,12 +168,12 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "va
     ctx = EvalContext(split, step, "standalone")
     metrics = evaluate_loader(task, model.to(device), loader, device, precision, ctx, run_dir / "eval")
     return {"run_dir": str(run_dir), "checkpoint": str(saved.source), "step": saved.state.get("step"),
-            "split": split, "ema": ema, "metrics": metrics}
+            "split": split, "ema": saved.ema, "metrics": metrics}
 
 
 def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "best", overrides: list[str] = (),
                 batch_size: int = 32, device: str | None = None,
-                weights: str | None = None, ema: bool = False) -> Iterator[dict[str, Any]]:
+                weights: str | None = None, ema: bool | None = None) -> Iterator[dict[str, Any]]:
     """``tk predict``: the run's model on raw inputs, one record per input, batch by batch.
 
     The run is loaded (and its device checked) before the first input is read; prediction
@@ -176,7 +187,7 @@ def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "b
         batch_size: inputs per ``Task.predict`` call.
         device: a device name overriding ``train.device`` (None: the run's own, e.g. ``auto``).
         weights: a bare ``.safetensors`` file to load instead of the checkpoint's weights.
-        ema: predict with the checkpoint's EMA weights (runs with ``train.ema_decay``).
+        ema: the checkpoint's EMA (True) or raw (False) weights; None: the ones the run selected.
 
     Returns:
         An iterator of ``{"input": ..., **prediction}`` or ``{"input": ..., "error": "..."}``

@@ -350,7 +350,8 @@ def test_rotary_and_no_position_encoders():
 
 def test_rotary_run_with_ema_predicts_with_the_ema_weights(tmp_path):
     """SST-2's recipe shape (rotary positions, an EMA selecting the best checkpoint) trains,
-    and `tk predict --ema` uses the EMA weights (those exported to model_ema.safetensors)."""
+    and `tk predict` uses the EMA weights (those exported to model_ema.safetensors), the ones the
+    run selected, unless told `--raw`."""
     run_dir = tmp_path / "run"
     run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "model.pos_encoding=rotary", "train.max_steps=4",
              "train.eval_every=4", "train.ema_decay=0.5", "train.best_metric=val_ema/top1", *SMALL_RUN])
@@ -360,8 +361,9 @@ def test_rotary_run_with_ema_predicts_with_the_ema_weights(tmp_path):
         out = run_cli(["predict", str(run_dir), "-", "--checkpoint", "last", *extra], input=text).stdout
         return json.loads(out.strip())["probs"]
 
-    ema, raw = probs("--ema"), probs()
+    ema, raw = probs("--ema"), probs("--raw")
     assert ema == probs("--weights", str(run_dir / "model_ema.safetensors")) and ema != raw
+    assert probs() == ema  # by default, the weights the run selected by val_ema/*
 
 
 @pytest.mark.parametrize("old, value, new", [
