@@ -62,9 +62,10 @@ def load_saved_tokenizer(saved: str) -> TextTokenizer:
     return TextTokenizer.from_str(saved)
 
 
-def decode(tokenizer: TextTokenizer, ids: Sequence[int]) -> str:
+def decode(tokenizer: TextTokenizer, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
     """The text of ``ids``: char runs show unknown characters as ``<unk>``; other kinds leave
     special tokens out (e.g. GPT-2's ``<|endoftext|>``)."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor or numpy array of ids
     return tokenizer.decode(ids, skip_special_tokens=tokenizer.kind != "char")
 
 
@@ -106,6 +107,8 @@ def tokenise_documents(ds: Any, tokenizer: TextTokenizer, d: DataConfig, path: P
     dtype = token_dtype(tokenizer.vocab_size)
     chunks, num_chars, num_tokens = [], 0, 0
     part = None if path is None else path.with_suffix(".part")
+    if part is not None:
+        part.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(part, "wb") if part is not None else nullcontext() as out:
             for texts in iter_column(ds, d.text_column):

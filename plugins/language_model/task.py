@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -96,8 +97,7 @@ class LanguageModelTask(Task):
         if d.num_sentences < 1:
             problems.append(f"data.num_sentences ({d.num_sentences}) must be >= 1")
         if tok.kind == "bpe" and tok.path is None and tok.vocab_size < 257:
-            problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 257 for kind bpe (256 byte symbols "
-                            f"+ merges)")
+            problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 257 for bpe (256 bytes + merges)")
         return problems
 
     # -- set-up: tokenise once, reload afterwards ------------------------------------------
@@ -124,8 +124,6 @@ class LanguageModelTask(Task):
                                   columns={d.text_column: "data.text_column"})
             self.tokenizer = build_tokenizer(self.tok_cfg, train_documents(ds, d))
             path = None if self.run_dir is None else self.files.path(TOKENS_FILE)
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
             tokens, num_chars = tokenise_documents(ds, self.tokenizer, d, path)
             self._save(tokens, num_chars, write_tokens=False)
             return tokens
@@ -150,9 +148,6 @@ class LanguageModelTask(Task):
     @property
     def vocab_size(self) -> int:
         return int(self.meta["vocab_size"])
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return decode(self.tokenizer, ids)
 
     # -- data ------------------------------------------------------------------------
     def build_dataset(self, split: str) -> Dataset:
@@ -194,7 +189,7 @@ class LanguageModelTask(Task):
         if self._bytes_per_token is None and "val" in self.splits:
             n = len(self.build_dataset("val")) * self.data.block_size
             targets = self.splits["val"][1: n + 1].tolist()
-            self._bytes_per_token = len(self._decode(targets).encode("utf-8")) / max(len(targets), 1)
+            self._bytes_per_token = len(decode(self.tokenizer, targets).encode("utf-8")) / max(len(targets), 1)
         return self._bytes_per_token
 
     # -- inference ---------------------------------------------------------------------
@@ -223,9 +218,9 @@ class LanguageModelTask(Task):
                           f"generate.max_len) exceeds data.block_size ({limit}), the context the model was "
                           f"trained on; shorten the prompt or ask for fewer new tokens")
         device = next(model.parameters()).device
-        stream = None if on_text is None else TextStream(self._decode, on_text, cfg.eos_id)
+        stream = None if on_text is None else TextStream(partial(decode, self.tokenizer), on_text, cfg.eos_id)
         out = generate(model, torch.tensor([ids], device=device), cfg, on_step=stream)
-        text = self._decode(out.tokens[0].tolist())
+        text = decode(self.tokenizer, out.tokens[0])
         if stream is not None:
             stream.finish(text)
         return text
@@ -249,8 +244,8 @@ class LanguageModelTask(Task):
         out = generate(model, tokens[:n, :prompt_len], cfg)
         parts = []
         for i in range(n):
-            prompt = self._decode(tokens[i, :prompt_len].tolist())
-            parts.append(f"--- sample {i}: prompt {prompt!r}\n{prompt}{self._decode(out.tokens[i].tolist())}\n")
+            prompt, generated = decode(self.tokenizer, tokens[i, :prompt_len]), decode(self.tokenizer, out.tokens[i])
+            parts.append(f"--- sample {i}: prompt {prompt!r}\n{prompt}{generated}\n")
         suffix = "" if ctx.key_prefix == "val" else f"_{ctx.key_prefix}"
         path = Path(self.run_dir) / SAMPLES_DIR / f"step_{ctx.step}{suffix}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
