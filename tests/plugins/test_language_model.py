@@ -336,6 +336,16 @@ def test_hub_tokenizer_is_trained_on_the_streamed_train_part_only(tmp_path, kind
     assert "".join(train_docs) == text[: len(text) - int(len(text) * 0.1)]
 
 
+def test_streamed_hub_dataset_gives_the_same_tokens(tmp_path, saved_dataset):
+    folder, _ = saved_dataset
+    runs = {}
+    for streaming in ("false", "true"):
+        task = make_task(tmp_path / streaming, ["data.source=hf", f"data.hf_name={folder}", f"data.streaming={streaming}"])
+        task.setup()
+        runs[streaming] = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16)
+    assert np.array_equal(runs["false"], runs["true"])
+
+
 def test_hub_dataset_with_a_given_tokenizer_is_tokenised_in_batches(tmp_path, saved_dataset):
     folder, docs = saved_dataset
     tok_file = tmp_path / "tokenizer.json"
