@@ -75,6 +75,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def empty_corpus(d: DataConfig) -> TkError:
+    """The error of a corpus without a single token."""
     return TkError(f"data: the corpus ({d.path or d.hf_name or 'synthetic'}) is empty (0 tokens); the run needs "
                    f"at least data.block_size + 1 = {d.block_size + 1} tokens in each split")
 
