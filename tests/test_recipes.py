@@ -26,7 +26,7 @@ OFFLINE_RECIPE = {
     "deit_tiny_cifar": ["distill.teacher=resnet18"], "deit_tiny_cifar_cpu": ["distill.teacher=resnet18"],
     "vit_finetune_cifar": ["model.pretrained=false", "data.img_size=64"],
     "vit_finetune_cifar_cpu": ["model.pretrained=false"],
-    "gpt2_small_owt": ["data.tokenizer_file=null", "data.block_size=32", "data.val_fraction=0.1", "model.dim=32", "model.depth=1",
+    "gpt2_small_owt": ["tokenizer.path=null", "data.block_size=32", "data.val_fraction=0.1", "model.dim=32", "model.depth=1",
                        "model.num_heads=2", "train.grad_accum=1", "train.compile=false", "train.precision=fp32"],
 }
 SMALL = ["train.max_steps=2", "train.eval_every=2", "train.batch_size=8", "train.eval_batch_size=16",

@@ -35,29 +35,25 @@ def synthetic_text(num_sentences: int, seed: int) -> str:
     return "".join(_sentence(rng) for _ in range(num_sentences))
 
 
-def corpus_files(path: str) -> list[Path]:
-    """The text files that ``data.path`` names: a file, every file under a folder, or a glob (sorted).
+def read_corpus(path: str) -> str:
+    """The UTF-8 text of ``data.path``: a file, every file under a folder, or a glob (files joined
+    in sorted order).
 
     Raises:
-        TkError: when nothing matches.
+        TkError: nothing matches, or a file is not UTF-8.
     """
     p = Path(path).expanduser()
     if p.is_file():
-        return [p]
-    if p.is_dir():
+        files = [p]
+    elif p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file())
     else:
         files = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
     if not files:
         raise TkError(f"data.path: no text file at {path!r} (give a file, a folder of text files or a glob, "
                       f"or set data.source=synthetic)")
-    return files
-
-
-def read_corpus(path: str) -> str:
-    """The concatenated UTF-8 text of ``data.path`` (files joined in sorted order)."""
     parts = []
-    for f in corpus_files(path):
+    for f in files:
         try:
             parts.append(f.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:

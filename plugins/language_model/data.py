@@ -1,17 +1,133 @@
-"""Token blocks of a contiguous token array: random ones for training, sequential ones for evaluation."""
+"""The ``data:`` and ``tokenizer:`` sections, tokenising the corpus into one token array, and
+the token blocks read from it (random ones for training, sequential ones for evaluation)."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
+from tk.core.text import TextTokenizer, iter_column
+from tk.core.text import TokenizerConfig as SharedTokenizerConfig
+from tk.core.text.tokenizer import Kind
+
+UNK = "<unk>"  # char kind: id 0; any character not seen in the training split maps to it
+
+
+@dataclass
+class DataConfig:
+    """The recipe's ``data:`` section."""
+
+    source: Literal["synthetic", "text", "hf"] = "synthetic"  # synthetic grammar; text: data.path; hf: data.hf_name
+    path: str | None = None  # source=text: a UTF-8 file, a folder of files or a glob (joined in sorted order)
+    hf_name: str | None = None  # source=hf: a datasets hub name, or a folder written by save_to_disk
+    hf_config: str | None = None  # source=hf: the dataset's configuration name (datasets.load_dataset's name)
+    hf_split: str = "train"  # source=hf: the one split read (val = its last val_fraction of tokens)
+    streaming: bool = False  # source=hf: read the documents lazily (every pass re-reads them) instead of downloading
+    text_column: str = "text"  # source=hf: the column holding the documents
+    doc_separator: str = "\n\n"  # source=hf: text appended to every document before they are joined
+    num_sentences: int = 20000  # synthetic: sentences generated (about 25 characters each)
+    seed: int = 0  # synthetic: seed of the corpus (independent of train.seed)
+    block_size: int = 64  # context length T in tokens (a training block is T + 1 tokens)
+    val_fraction: float = 0.1  # the last fraction of the token stream is the validation split
+    eval_blocks: int = 200  # validation blocks per evaluation (sequential, non-overlapping)
+    num_samples: int = 3  # continuations written to samples/step_N.txt at each evaluation; 0 = none
+    sample_prompt_len: int = 16  # tokens of a val block that each sample continues
+
+
+@dataclass
+class TokenizerConfig(SharedTokenizerConfig):
+    """The ``tokenizer:`` section: trained on the train split unless ``path`` is given."""
+
+    kind: Kind = "char"  # char: one id per character seen (others -> <unk>, id 0); bpe: byte-level BPE
+    vocab_size: int = 4096  # bpe/wordpiece/unigram: vocabulary size trained on the train split
+    min_frequency: int = 0  # bpe/wordpiece: occurrences a merge needs (0: any pair, tokenizers' default)
+
+
+def load_saved_tokenizer(saved: str) -> TextTokenizer:
+    """The run's tokenizer.json; a run written before ``tk.core.text`` holds
+    ``{"kind": "char", "chars": [...]}``, rebuilt here with the same ids (UNK 0, then the
+    sorted characters)."""
+    old = json.loads(saved)
+    if old.get("kind") == "char" and "chars" in old:
+        return TextTokenizer.train(["".join(old["chars"])], TokenizerConfig(kind="char"), [UNK])
+    return TextTokenizer.from_str(saved)
+
+
+def decode(tokenizer: TextTokenizer, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+    """The text of ``ids``: char runs show unknown characters as ``<unk>``; other kinds leave
+    special tokens out (e.g. GPT-2's ``<|endoftext|>``)."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor or numpy array of ids
+    return tokenizer.decode(ids, skip_special_tokens=tokenizer.kind != "char")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits, else uint32 (the on-disk token array)."""
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
+
+
+def empty_corpus(d: DataConfig) -> TkError:
+    """The error of a corpus without a single token."""
+    return TkError(f"data: the corpus ({d.path or d.hf_name or 'synthetic'}) is empty (0 tokens); the run needs "
+                   f"at least data.block_size + 1 = {d.block_size + 1} tokens in each split")
+
+
+def train_documents(ds: Any, d: DataConfig) -> Iterator[str]:
+    """The documents (each with its separator) up to the character where the validation part
+    starts, the last one cut there: what the tokenizer may see. Counting the characters
+    first is one more pass over the column, not a copy of it."""
+    sep = d.doc_separator
+    total = sum(len(t) + len(sep) for texts in iter_column(ds, d.text_column) for t in texts)
+    left = total - int(total * d.val_fraction)
+    for texts in iter_column(ds, d.text_column):
+        for t in texts:
+            if left <= 0:
+                return
+            doc = (t + sep)[:left]
+            left -= len(doc)
+            yield doc
+
+
+def tokenise_documents(ds: Any, tokenizer: TextTokenizer, d: DataConfig, path: Path | None
+                       ) -> tuple[np.ndarray, int]:
+    """The documents in batches, each followed by ``data.doc_separator``, tokenised into
+    ``path`` (memory-mapped afterwards; in memory when None): the text never has to fit in
+    memory. Returns the tokens and the number of characters.
+
+    Raises:
+        TkError: the corpus has no token.
+    """
+    dtype = token_dtype(tokenizer.vocab_size)
+    chunks, num_chars, num_tokens = [], 0, 0
+    part = None if path is None else path.with_suffix(".part")
+    if part is not None:
+        part.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(part, "wb") if part is not None else nullcontext() as out:
+            for texts in iter_column(ds, d.text_column):
+                texts = [t + d.doc_separator for t in texts]
+                ids = np.concatenate([np.asarray(e, dtype=dtype) for e in tokenizer.encode_batch(texts).ids])
+                num_chars += sum(map(len, texts))
+                num_tokens += len(ids)
+                chunks.append(ids) if out is None else out.write(ids.tobytes())
+        if num_tokens == 0:
+            raise empty_corpus(d)
+    except BaseException:  # an error or Ctrl-C: no half-written token file is left in the task files
+        if part is not None:
+            part.unlink(missing_ok=True)
+        raise
+    if part is None:
+        return np.concatenate(chunks), num_chars
+    part.replace(path)
+    return np.memmap(path, dtype=dtype, mode="r"), num_chars
 
 
 def split_tokens(tokens: np.ndarray, val_fraction: float, block_size: int) -> dict[str, np.ndarray]:

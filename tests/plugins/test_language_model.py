@@ -13,10 +13,12 @@ from tk.core.cli import cli
 from tk.core.nn.decoding import GenerationConfig
 from tk.core.recipe import load_config
 from tk.core.step import StepOutput
+from tk.core.text import TextTokenizer
 from tk.plugins.language_model.cli import generate
 from tk.plugins.language_model.corpus import synthetic_text
-from tk.plugins.language_model.task import TOKENS_FILE, LanguageModelTask, LMMetrics
-from tk.plugins.language_model.tokenizer import UNK, CharTokenizer, load_tokenizer_json
+from tk.plugins.language_model.data import UNK, TokenizerConfig, decode, load_saved_tokenizer, train_documents
+from tk.plugins.language_model.metrics import LMMetrics
+from tk.plugins.language_model.task import TOKENIZER_FILE, TOKENS_FILE, LanguageModelTask
 
 FAST = ["train.num_workers=0", "train.progress=false", "train.log_every=1000"]
 
@@ -49,14 +51,19 @@ def test_gpt2_init_scales_residual_projections(tmp_path):
         assert params[name].std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
 
 
+def char_tokenizer(text: str) -> TextTokenizer:
+    """The char tokenizer a run trains (the task's tokenizer: section defaults)."""
+    return TextTokenizer.train([text], TokenizerConfig(), [UNK])
+
+
 def test_char_tokenizer_round_trips_and_maps_unknown_to_unk():
     text = "To be, or not to be: that is the question.\n"
-    tok = CharTokenizer.train(text)
-    assert tok.decode(tok.encode(text)) == text
-    again = load_tokenizer_json(tok.to_json())
+    tok = char_tokenizer(text)
+    assert decode(tok, tok.encode(text)) == text
+    again = load_saved_tokenizer(tok.to_str())
     assert again.encode(text) == tok.encode(text)
-    assert tok.encode("bé") == [tok.index["b"], 0]
-    assert tok.decode(tok.encode("bé")) == "b" + UNK
+    assert tok.encode("bé") == [tok.token_id("b"), 0]
+    assert decode(tok, tok.encode("bé")) == "b" + UNK
 
 
 def test_perplexity_is_exp_of_loss_and_bits_are_nats_over_ln2():
@@ -69,13 +76,13 @@ def test_perplexity_is_exp_of_loss_and_bits_are_nats_over_ln2():
 
 
 def test_tokens_are_saved_once_and_reloaded(tmp_path):
-    task = make_task(tmp_path, ["data.tokenizer=bpe", "data.bpe_vocab_size=300"])
+    task = make_task(tmp_path, ["tokenizer.kind=bpe", "tokenizer.vocab_size=300"])
     task.setup()
     tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16)
     assert len(tokens) == len(task.splits["train"]) + len(task.splits["val"])
     text = synthetic_text(500, 0)
     assert task.tokenizer.decode(tokens.tolist()) == text
-    again = make_task(tmp_path, ["data.tokenizer=char"])  # the saved files win: no retraining
+    again = make_task(tmp_path, ["tokenizer.kind=char"])  # the saved files win: no retraining
     again.setup(resume=True)
     assert again.vocab_size == task.vocab_size and again.tokenizer.kind == "bpe"
 
@@ -195,11 +202,11 @@ def test_char_tokenizer_round_trips_arbitrary_text():
     rng = np.random.default_rng(0)
     alphabet = list("abcXYZ 0123\n\t.,;:!?'\"") + ["é", "ß", "中", "🙂", "\u0301"]
     text = "".join(rng.choice(alphabet, size=2000))
-    tok = CharTokenizer.train(text)
+    tok = char_tokenizer(text)
     other = "".join(rng.choice(alphabet, size=500))
-    assert tok.decode(tok.encode(other)) == other
-    assert load_tokenizer_json(tok.to_json()).decode(tok.encode(other)) == other
-    assert tok.decode(tok.encode("aΩb")) == "a" + UNK + "b"  # unseen characters map to <unk>
+    assert decode(tok, tok.encode(other)) == other
+    assert decode(load_saved_tokenizer(tok.to_str()), tok.encode(other)) == other
+    assert decode(tok, tok.encode("aΩb")) == "a" + UNK + "b"  # unseen characters map to <unk>
 
 
 def test_text_stream_pieces_add_up_and_wait_for_whole_characters():
@@ -297,10 +304,10 @@ def saved_dataset(tmp_path):
 
 def test_hub_dataset_with_a_text_column(tmp_path, saved_dataset):
     folder, docs = saved_dataset
-    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", "data.split=train"])
+    task = make_task(tmp_path, ["data.source=hf", f"data.hf_name={folder}", "data.hf_split=train"])
     task.setup()
     text = "".join(d + "\n\n" for d in docs if d)
-    assert task.tokenizer.decode(np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()) == text
+    assert decode(task.tokenizer, np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()) == text
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
@@ -314,28 +321,36 @@ def test_hub_tokenizer_is_trained_on_the_streamed_train_part_only(tmp_path, kind
     docs[-5:] = [d + " \u03a9" for d in docs[-5:]]  # Omega: only in the validation tenth
     folder = tmp_path / "hub_ds"
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(folder))
-    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", f"data.tokenizer={kind}",
-                                "data.bpe_vocab_size=300", "data.val_fraction=0.1"])
+    task = make_task(tmp_path, ["data.source=hf", f"data.hf_name={folder}", f"tokenizer.kind={kind}",
+                                "tokenizer.vocab_size=300", "data.val_fraction=0.1"])
     task.setup()
     tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()
     text = "".join(d + "\n\n" for d in docs)
     assert task.meta["num_chars"] == len(text)
     if kind == "char":
-        assert "\u03a9" not in task.tokenizer.chars
-        assert task.tokenizer.decode(tokens) == text.replace("\u03a9", "<unk>")
+        assert task.tokenizer.tok.token_to_id("\u03a9") is None
+        assert decode(task.tokenizer, tokens) == text.replace("\u03a9", "<unk>")
     else:  # byte-level BPE has every byte: the whole text round-trips
         assert task.tokenizer.vocab_size == 300 and task.tokenizer.decode(tokens) == text
-    train_docs = list(task._train_documents(datasets.load_from_disk(str(folder))))
+    train_docs = list(train_documents(datasets.load_from_disk(str(folder)), task.data))
     assert "".join(train_docs) == text[: len(text) - int(len(text) * 0.1)]
 
 
-def test_hub_dataset_with_a_given_tokenizer_is_tokenised_in_batches(tmp_path, saved_dataset):
-    from tk.plugins.language_model.tokenizer import BPETokenizer
+def test_streamed_hub_dataset_gives_the_same_tokens(tmp_path, saved_dataset):
+    folder, _ = saved_dataset
+    runs = {}
+    for streaming in ("false", "true"):
+        task = make_task(tmp_path / streaming, ["data.source=hf", f"data.hf_name={folder}", f"data.streaming={streaming}"])
+        task.setup()
+        runs[streaming] = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16)
+    assert np.array_equal(runs["false"], runs["true"])
 
+
+def test_hub_dataset_with_a_given_tokenizer_is_tokenised_in_batches(tmp_path, saved_dataset):
     folder, docs = saved_dataset
     tok_file = tmp_path / "tokenizer.json"
-    tok_file.write_text(BPETokenizer.train(synthetic_text(300, 2), 300).to_json())
-    task = make_task(tmp_path, ["data.source=hub", f"data.dataset={folder}", f"data.tokenizer_file={tok_file}"])
+    TextTokenizer.train([synthetic_text(300, 2)], TokenizerConfig(kind="bpe", vocab_size=300)).save(tok_file)
+    task = make_task(tmp_path, ["data.source=hf", f"data.hf_name={folder}", f"tokenizer.path={tok_file}"])
     task.setup()
     tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16)
     assert task.tokenizer.decode(tokens.tolist()) == "".join(d + "\n\n" for d in docs if d)
@@ -345,14 +360,14 @@ def test_hub_dataset_with_a_given_tokenizer_is_tokenised_in_batches(tmp_path, sa
 def test_hub_dataset_errors(tmp_path, saved_dataset):
     folder, _ = saved_dataset
     for override, message in ((["data.text_column=body"], "has no column 'body'"),
-                              (["data.split=validation"], "has no split 'validation'")):
-        result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=hub", f"data.dataset={folder}",
+                              (["data.hf_split=validation"], "has no split 'validation'")):
+        result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=hf", f"data.hf_name={folder}",
                                           *override, f"output_dir={tmp_path / 'run'}", *FAST])
         assert result.exit_code == 2 and message in result.output, result.output
 
 
 def test_bits_per_byte_for_bpe(tmp_path):
-    task = make_task(tmp_path, ["data.tokenizer=bpe", "data.bpe_vocab_size=300", "data.eval_blocks=3"])
+    task = make_task(tmp_path, ["tokenizer.kind=bpe", "tokenizer.vocab_size=300", "data.eval_blocks=3"])
     task.setup()
     metric = task.build_metrics(None)["lm"]
     targets = task.splits["val"][1: 3 * 64 + 1].tolist()
@@ -361,3 +376,53 @@ def test_bits_per_byte_for_bpe(tmp_path):
     out = metric.compute()
     assert out["bits_per_byte"] == pytest.approx(0.7 * len(targets) / math.log(2) / n_bytes)
     assert "bits_per_byte" not in make_task(tmp_path / "c").build_metrics(None)["lm"].keys()
+
+
+# ----------------------------------------------------------------------------- one vocabulary (issue #23)
+
+
+def old_char_ids(train_text: str, text: str) -> list[int]:
+    """The ids of the char tokenizer before tk.core.text: <unk> 0, then the sorted characters."""
+    index = {c: i + 1 for i, c in enumerate(sorted(set(train_text)))}
+    return [index.get(c, 0) for c in text]
+
+
+def test_char_run_tokens_equal_the_old_char_tokenizer(tmp_path):
+    """A char run's token ids are those of the previous version (recipes' measured losses stay valid)."""
+    task = make_task(tmp_path, ["data.val_fraction=0.3"])
+    task.setup()
+    corpus = synthetic_text(500, 0)
+    train_text = corpus[: len(corpus) - int(len(corpus) * 0.3)]
+    tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()
+    assert tokens == old_char_ids(train_text, corpus)
+    probe = corpus[:200] + "Zé"  # unseen characters map to <unk> (id 0)
+    assert task.tokenizer.encode(probe) == old_char_ids(train_text, probe)
+    assert task.vocab_size == len(set(train_text)) + 1
+
+
+def test_a_run_with_the_old_char_tokenizer_file_is_read_with_the_same_ids(tmp_path):
+    task = make_task(tmp_path)
+    task.setup()
+    chars = sorted(set(synthetic_text(500, 0)))
+    task.files.write_text(TOKENIZER_FILE, json.dumps({"kind": "char", "unk": UNK, "chars": chars}))
+    again = make_task(tmp_path)
+    again.setup(resume=True)
+    probe = "the cat sees Ω\n"
+    assert again.tokenizer.encode(probe) == task.tokenizer.encode(probe) == old_char_ids("".join(chars), probe)
+    assert decode(again.tokenizer, again.tokenizer.encode(probe)) == "the cat sees <unk>\n"
+
+
+RENAMED = {"data.tokenizer=bpe": "tokenizer.kind", "data.bpe_vocab_size=300": "tokenizer.vocab_size",
+           "data.tokenizer_file=gpt2": "tokenizer.path", "data.dataset=wikitext": "data.hf_name",
+           "data.config=wikitext-2-raw-v1": "data.hf_config", "data.split=train": "data.hf_split",
+           "data.synthetic_seed=1": "data.seed", "data.source=hub": "data.source=hf"}
+
+
+@pytest.mark.parametrize("old", RENAMED)
+def test_renamed_key_is_one_config_error_naming_the_new_key(tmp_path, old):
+    result = CliRunner().invoke(cli, ["validate", "lm_synthetic", old, f"output_dir={tmp_path / 'run'}"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "renamed to" in lines[0], result.stderr
+    key, _, value = RENAMED[old].partition("=")
+    assert key in lines[0] and value in lines[0], result.stderr
