@@ -1,39 +1,18 @@
-"""Translation metrics: perplexity, and sacreBLEU corpus BLEU and chrF of detokenised output."""
+"""Translation metrics: sacreBLEU corpus BLEU and chrF of detokenised output (perplexity is
+:class:`tk.core.text.Perplexity`)."""
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import sacrebleu
-import torch
 
 from tk.core.media import Text
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext, StepOutput
-
-
-class Perplexity(Metric):
-    """``exp`` of the per-token cross-entropy (the evaluation loss, without label smoothing)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("sum", torch.zeros((), dtype=torch.float64))
-        self.add_state("count", torch.zeros((), dtype=torch.float64))
-
-    def update(self, out: StepOutput, batch: Mapping[str, Any]) -> None:
-        self.sum += out.loss.detach().to(self.sum.device, torch.float64)
-        self.count += torch.as_tensor(out.num_items).to(self.count.device, torch.float64)
-
-    def keys(self) -> list[str]:
-        return ["ppl"]
-
-    def compute(self) -> dict[str, float]:
-        count = float(self.count)
-        return {"ppl": math.exp(min(float(self.sum) / count, 50.0)) if count else float("nan")}
 
 
 class CorpusBleu(Metric):
