@@ -22,7 +22,7 @@ from tk.plugins.translation import TranslationTask
 from tk.plugins.translation.data import read_pairs
 from tk.plugins.translation.task import JOINT_FILE
 
-TINY = ["data.source=reverse", "data.num_train=200", "data.num_val=20", "data.max_len=16", "data.max_tokens=256",
+TINY = ["data.source=reverse", "data.num_train=200", "data.num_val=20", "data.max_len=24", "data.max_tokens=256",
         "tokenizer.vocab_size=320", "model.dim=32", "model.depth=1", "model.num_heads=2", "model.max_len=64"]
 
 
@@ -184,11 +184,11 @@ def test_given_tokenizer_json_is_used_not_retrained(tmp_path):
     from tk.plugins.translation.data import TokenizerConfig, train_tokenizers
 
     texts = [s for pair in read_pairs(make_task().data, "train") for s in pair]
-    [given] = train_tokenizers(read_pairs(make_task().data, "train"), TokenizerConfig(vocab_size=300))
+    [given] = train_tokenizers(read_pairs(make_task().data, "train"), TokenizerConfig(vocab_size=265))
     given.save(tmp_path / "given.json")
     task = make_task([f"tokenizer.path={tmp_path}/given.json", "tokenizer.vocab_size=320"], run_dir=tmp_path / "run")
     assert not task.tokenizer_trained
-    assert task.src_tok.vocab_size == given.vocab_size <= 300  # the file's vocabulary, not a new one of 320
+    assert task.src_tok.vocab_size == given.vocab_size <= 265  # the file's vocabulary, not a new one of 320
     assert task.src_tok.encode_batch(texts[:10]).ids == given.encode_batch(texts[:10]).ids
     saved = (tmp_path / "run" / "artifacts" / JOINT_FILE).read_text()
     assert json.loads(saved)["model"] == json.loads(given.to_str())["model"]  # stored with the run
@@ -232,6 +232,41 @@ def test_separate_vocabularies_two_task_files_and_model(tmp_path):
     reloaded = make_task(files + ["model.share_embeddings=false"], run_dir=run, resume=True)
     assert not reloaded.tokenizer_trained
     assert reloaded.tgt_tok.encode("die katze") == task.tgt_tok.encode("die katze")
+
+
+@pytest.mark.parametrize("old,new", [("data.lowercase=true", "tokenizer.lowercase"),
+                                     ("data.hf_val_split=validation", "data.hf_split"),
+                                     ("train.best_metric=val/ppl", "val/perplexity")])
+def test_renamed_key_is_a_one_line_config_error(old, new, tmp_path):
+    result = CliRunner().invoke(cli, ["validate", "translation_reverse", old, f"output_dir={tmp_path}/run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and "renamed to" in result.stderr and new in result.stderr, result.stderr
+
+
+def test_hf_split_maps_tk_splits_to_dataset_splits(monkeypatch):
+    calls = []
+
+    def fake_load(name, config, split):
+        calls.append((name, config, split))
+        return FakeDataset([{"translation": {"en": "a dog", "de": "ein Hund"}}])
+
+    monkeypatch.setattr("tk.plugins.translation.data.load_hub_dataset", fake_load)
+    cfg, _ = load_config("translation_reverse", TINY + ["data.source=hf", "data.hf_name=wmt14", "data.hf_config=de-en",
+                                                         "data.hf_split={val: dev}"])
+    assert read_pairs(cfg.sections["data"], "val") == [("a dog", "ein Hund")]
+    read_pairs(cfg.sections["data"], "test")
+    assert calls == [("wmt14", "de-en", "dev"), ("wmt14", "de-en", "test")]  # a key left out keeps its default
+    with pytest.raises(TkError, match="keys must be among train, val, test"):
+        load_config("translation_reverse", TINY + ["data.source=hf", "data.hf_name=x", "data.hf_split={dev: dev}"])
+
+
+class FakeDataset(list):
+    """What ``load_hub_dataset`` gives: rows, ``column_names`` and ``ds[column]``."""
+
+    column_names = ["translation"]
+
+    def __getitem__(self, key):
+        return [row[key] for row in self] if isinstance(key, str) else super().__getitem__(key)
 
 
 def test_periodic_beam_size_is_checked():
