@@ -9,11 +9,12 @@ from typing import Literal
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
-from tk.core.text import TextTokenizer, TokenizerConfig as TextTokenizerConfig
-from tk.core.text import load_hub_dataset, read_parallel, read_records
+from tk.core.text import TextTokenizer, load_hub_dataset, read_parallel, read_records
+from tk.core.text import TokenizerConfig as TextTokenizerConfig
 from tk.plugins.translation.synthetic import reverse_pairs, synthetic_pairs
 
 Pair = tuple[str, str]
@@ -65,8 +66,7 @@ def read_jsonl(path: str, src_lang: str, tgt_lang: str, key: str = "data.train_p
 
 def read_hf(cfg: DataConfig, split: str) -> list[Pair]:
     """A Hugging Face ``datasets`` translation set (``translation: {src: ..., tgt: ...}`` rows)."""
-    name = {**HF_SPLIT, **cfg.hf_split}[split]
-    ds = load_hub_dataset(cfg.hf_name, cfg.hf_config, split=name)
+    ds = load_hub_dataset(cfg.hf_name, cfg.hf_config, split={**HF_SPLIT, **cfg.hf_split}[split])
     rows = ds["translation"] if "translation" in ds.column_names else ds
     try:
         return [(str(r[cfg.src_lang]), str(r[cfg.tgt_lang])) for r in rows]
@@ -95,14 +95,6 @@ def read_pairs(cfg: DataConfig, split: str) -> list[Pair]:
     return read_parallel(f"{prefix}.{cfg.src_lang}", f"{prefix}.{cfg.tgt_lang}", key=key)
 
 
-def train_tokenizers(pairs: list[Pair], cfg: TokenizerConfig) -> list[TextTokenizer]:
-    """One joint tokenizer (``cfg.joint``) or a source and a target one, trained on ``pairs``."""
-    if cfg.joint:
-        texts = [s for s, _ in pairs] + [t for _, t in pairs]
-        return [TextTokenizer.train(texts, cfg, SPECIALS, unk_token=UNK)]
-    return [TextTokenizer.train([p[side] for p in pairs], cfg, SPECIALS, unk_token=UNK) for side in (0, 1)]
-
-
 class ParallelDataset(Dataset):
     """Tokenised pairs: item i is ``{"id": i, "src": (Ts,) long, "tgt": (Tt,) long}`` where
     ``src`` ends with EOS and ``tgt`` is ``BOS ... EOS``; ``refs[i]`` is the raw target.
@@ -113,10 +105,8 @@ class ParallelDataset(Dataset):
     """
 
     def __init__(self, pairs: list[Pair], src_tok: TextTokenizer, tgt_tok: TextTokenizer, max_len: int) -> None:
-        self.src: list[list[int]] = []
-        self.tgt: list[list[int]] = []
-        self.refs: list[str] = []
-        self.sources: list[str] = []
+        self.src, self.tgt = [], []  # token ids: source + EOS, BOS + target + EOS
+        self.sources, self.refs = [], []  # the raw (stripped) texts
         bos, eos = tgt_tok.token_id(BOS), tgt_tok.token_id(EOS)
         kept = [(s.strip(), t.strip()) for s, t in pairs]
         nonempty = [(s, t) for s, t in kept if s and t]
@@ -141,14 +131,9 @@ class ParallelDataset(Dataset):
         return {"id": i, "src": torch.tensor(self.src[i]), "tgt": torch.tensor(self.tgt[i])}
 
 
-def pad_stack(seqs: list[torch.Tensor], pad: int) -> torch.Tensor:
-    """Right-pad 1-D tensors into (B, T_max)."""
-    return torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad)
-
-
 def collate_pairs(samples: list[dict], pad: int) -> dict:
     """Batch dict: ``src`` (B, Ts), ``tgt_in`` (B, Tt-1) = ``BOS y1 .. yn`` (teacher forcing),
     ``tgt_out`` (B, Tt-1) = ``y1 .. yn EOS``, padded with ``pad``; ``id`` (B,)."""
-    tgt = pad_stack([s["tgt"] for s in samples], pad)
-    return {"id": torch.tensor([s["id"] for s in samples]), "src": pad_stack([s["src"] for s in samples], pad),
-            "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+    tgt = pad_sequence([s["tgt"] for s in samples], batch_first=True, padding_value=pad)
+    src = pad_sequence([s["src"] for s in samples], batch_first=True, padding_value=pad)
+    return {"id": torch.tensor([s["id"] for s in samples]), "src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}

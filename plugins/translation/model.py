@@ -20,14 +20,3 @@ class ModelConfig(TransformerConfig):
     tie_embeddings: bool = True  # output projection = target embedding
     share_embeddings: bool = True  # one embedding for source and target (needs tokenizer.joint)
 
-
-def check_model(cfg: ModelConfig, joint: bool, data_max_len: int) -> list[str]:
-    """Rules between ``model:`` and the other sections (the vocabulary, the pair length)."""
-    problems = []
-    if cfg.share_embeddings and not joint:
-        problems.append("model.share_embeddings: needs one joint vocabulary; set tokenizer.joint=true "
-                        "or model.share_embeddings=false")
-    if data_max_len > cfg.max_len:
-        problems.append(f"data.max_len ({data_max_len}) must be <= model.max_len ({cfg.max_len})")
-    return problems
-

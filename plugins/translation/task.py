@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from tk.core.data.loader import LoaderSpec, build_loader
@@ -22,10 +24,16 @@ from tk.core.nn.transformer import EncoderDecoder
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.core.text import Perplexity, TextTokenizer
-from tk.plugins.translation.data import (BOS, EOS, HF_SPLIT, PAD, SPECIALS, DataConfig, ParallelDataset, TokenizerConfig,
-                                         collate_pairs, pad_stack, read_pairs, train_tokenizers)
+from tk.plugins.translation.data import (
+    SPECIALS,
+    DataConfig,
+    ParallelDataset,
+    TokenizerConfig,
+    collate_pairs,
+    read_pairs,
+)
 from tk.plugins.translation.metrics import CorpusBleu
-from tk.plugins.translation.model import ModelConfig, check_model
+from tk.plugins.translation.model import ModelConfig
 
 JOINT_FILE, SRC_FILE, TGT_FILE = "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json"
 DATA_REPORT = "data_report.json"  # task file: pairs kept / dropped per split
@@ -82,7 +90,10 @@ class TranslationTask(Task):
     def check_config(cls, cfg: Any) -> list[str]:
         data, tok = cfg.sections["data"], cfg.sections.get("tokenizer") or TokenizerConfig()
         model, dec = cfg.sections["model"], cfg.sections.get("decode") or DecodeConfig()
-        problems = check_model(model, tok.joint, data.max_len)
+        problems = []
+        if model.share_embeddings and not tok.joint:
+            problems.append("model.share_embeddings: needs one joint vocabulary; set tokenizer.joint=true "
+                            "or model.share_embeddings=false")
         if tok.path is not None and not tok.joint:
             problems.append("tokenizer.path: a given tokenizer.json is one joint vocabulary; set tokenizer.joint=true")
         if data.max_len < 3:
@@ -90,9 +101,11 @@ class TranslationTask(Task):
         if data.max_tokens < data.max_len:
             problems.append(f"data.max_tokens ({data.max_tokens}) must be >= data.max_len ({data.max_len}), "
                             f"or the longest pairs fit in no batch")
+        if data.max_len > model.max_len:
+            problems.append(f"data.max_len ({data.max_len}) must be <= model.max_len ({model.max_len})")
         if data.source == "hf" and not data.hf_name:
-            problems.append("data.hf_name: data.source: hf needs a dataset, e.g. wmt14 (and data.hf_config, e.g. de-en)")
-        if set(data.hf_split) - set(HF_SPLIT):
+            problems.append("data.hf_name: data.source: hf needs a dataset, e.g. wmt14 (and data.hf_config: de-en)")
+        if set(data.hf_split) - {"train", "val", "test"}:
             problems.append(f"data.hf_split: keys must be among train, val, test; got {sorted(data.hf_split)}")
         if data.source in ("synthetic", "reverse") and min(data.num_train, data.num_val) < 1:
             problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
@@ -106,8 +119,9 @@ class TranslationTask(Task):
         if best.endswith(("/bleu", "/chrf")) and dec.bleu_every != 1:
             problems.append(f"train.best_metric ({best!r}) needs BLEU on every evaluation: set decode.bleu_every=1 "
                             f"(now {dec.bleu_every}) or best_metric: val/loss")
-        if not 0.0 <= _label_smoothing(cfg) < 1.0:
-            problems.append(f"loss.label_smoothing ({_label_smoothing(cfg)}) must be in [0, 1)")
+        smoothing = (cfg.sections.get("loss") or LossConfig()).label_smoothing
+        if not 0.0 <= smoothing < 1.0:
+            problems.append(f"loss.label_smoothing ({smoothing}) must be in [0, 1)")
         return problems
 
     # -- tokenizers ------------------------------------------------------------------
@@ -127,15 +141,15 @@ class TranslationTask(Task):
                 for name, tok in zip(names, toks):
                     self.files.write_text(name, tok.to_str())
         self.src_tok, self.tgt_tok = toks[0], toks[-1]
-        self.pad_id, self.bos_id, self.eos_id = (self.tgt_tok.token_id(s) for s in (PAD, BOS, EOS))
+        self.pad_id, self.bos_id, self.eos_id = (self.tgt_tok.token_id(s) for s in SPECIALS[:3])  # <pad> <s> </s>
 
     def _build_tokenizers(self) -> list[TextTokenizer]:
         if self.tok_cfg.path is not None:  # one joint vocabulary (check_config)
             return [TextTokenizer.load(self.tok_cfg.path, required_specials=SPECIALS)]
         pairs = [self._norm(p) for p in read_pairs(self.data, "train")]
-        if not pairs:
-            raise TkError(f"the train split of data.source={self.data.source!r} is empty; check data.train_prefix")
-        return train_tokenizers(pairs, self.tok_cfg)
+        if self.tok_cfg.joint:
+            return [TextTokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], self.tok_cfg, SPECIALS)]
+        return [TextTokenizer.train([p[side] for p in pairs], self.tok_cfg, SPECIALS) for side in (0, 1)]
 
     def _norm(self, pair: tuple[str, str]) -> tuple[str, str]:
         """Lowercased with tokenizer.lowercase: the references too, so BLEU compares like with like."""
@@ -222,16 +236,15 @@ class TranslationTask(Task):
     @torch.no_grad()
     def translate(self, model: nn.Module, lines: Sequence[str], beam_size: int | None = None) -> list[str]:
         """Translate raw source lines (an empty line gives an empty translation)."""
-        device = next(model.parameters()).device
         texts = [line.strip().lower() if self.tok_cfg.lowercase else line.strip() for line in lines]
         keep = [i for i, t in enumerate(texts) if t]
         results = [""] * len(texts)
         if not keep:
             return results
-        limit = self.model_cfg.max_len
-        encoded = self.src_tok.encode_batch([texts[i] for i in keep], add_special_tokens=False).ids
-        ids = [seq[: limit - 1] + [self.eos_id] for seq in encoded]
-        src = pad_stack([torch.tensor(s) for s in ids], self.pad_id).to(device)
+        limit = self.model_cfg.max_len - 1  # room for EOS
+        ids = self.src_tok.encode_batch([texts[i] for i in keep], add_special_tokens=False, max_length=limit).ids
+        seqs = [torch.tensor(s + [self.eos_id]) for s in ids]
+        src = pad_sequence(seqs, batch_first=True, padding_value=self.pad_id).to(next(model.parameters()).device)
         for i, hyp in zip(keep, self.decode(model.eval(), src, beam_size)):
             results[i] = hyp
         return results
@@ -239,8 +252,3 @@ class TranslationTask(Task):
     def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
         """``tk predict``: ``{"input": line, "translation": text}`` per source line."""
         return [{"input": s, "translation": t} for s, t in zip(inputs, self.translate(model, inputs))]
-
-
-def _label_smoothing(cfg: Any) -> float:
-    """The recipe's loss.label_smoothing (default when the section is absent)."""
-    return (cfg.sections.get("loss") or LossConfig()).label_smoothing

@@ -181,10 +181,10 @@ def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
 
 # -- tokenizer variants -------------------------------------------------------------------
 def test_given_tokenizer_json_is_used_not_retrained(tmp_path):
-    from tk.plugins.translation.data import TokenizerConfig, train_tokenizers
+    from tk.core.text import TextTokenizer, TokenizerConfig
 
     texts = [s for pair in read_pairs(make_task().data, "train") for s in pair]
-    [given] = train_tokenizers(read_pairs(make_task().data, "train"), TokenizerConfig(vocab_size=265))
+    given = TextTokenizer.train(texts, TokenizerConfig(vocab_size=265), ["<pad>", "<s>", "</s>", "<unk>"])
     given.save(tmp_path / "given.json")
     task = make_task([f"tokenizer.path={tmp_path}/given.json", "tokenizer.vocab_size=320"], run_dir=tmp_path / "run")
     assert not task.tokenizer_trained
@@ -263,7 +263,7 @@ def test_hf_split_maps_tk_splits_to_dataset_splits(monkeypatch):
 class FakeDataset(list):
     """What ``load_hub_dataset`` gives: rows, ``column_names`` and ``ds[column]``."""
 
-    column_names = ["translation"]
+    column_names = ("translation",)
 
     def __getitem__(self, key):
         return [row[key] for row in self] if isinstance(key, str) else super().__getitem__(key)
