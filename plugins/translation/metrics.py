@@ -1,39 +1,19 @@
-"""Translation metrics: perplexity, and sacreBLEU corpus BLEU and chrF of detokenised output."""
+"""Translation metrics: sacreBLEU corpus BLEU and chrF of detokenised output (perplexity is
+:class:`tk.core.text.Perplexity`)."""
 
 from __future__ import annotations
 
 import json
-import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import sacrebleu
-import torch
 
 from tk.core.media import Text
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext, StepOutput
-
-
-class Perplexity(Metric):
-    """``exp`` of the per-token cross-entropy (the evaluation loss, without label smoothing)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("sum", torch.zeros((), dtype=torch.float64))
-        self.add_state("count", torch.zeros((), dtype=torch.float64))
-
-    def update(self, out: StepOutput, batch: Mapping[str, Any]) -> None:
-        self.sum += out.loss.detach().to(self.sum.device, torch.float64)
-        self.count += torch.as_tensor(out.num_items).to(self.count.device, torch.float64)
-
-    def keys(self) -> list[str]:
-        return ["ppl"]
-
-    def compute(self) -> dict[str, float]:
-        count = float(self.count)
-        return {"ppl": math.exp(min(float(self.sum) / count, 50.0)) if count else float("nan")}
 
 
 class CorpusBleu(Metric):
@@ -50,7 +30,7 @@ class CorpusBleu(Metric):
         super().__init__()
         self.refs, self.sources = refs, sources
         self.add_state("hyps", [], reduce="objects")
-        self._bleu = self._chrf = None
+        self.signatures: dict[str, str] = {}  # the sacreBLEU signatures of the last compute
 
     def update(self, out: StepOutput, batch: Mapping[str, Any]) -> None:
         self.extend("hyps", out.outputs["hyps"])
@@ -59,19 +39,11 @@ class CorpusBleu(Metric):
         return ["bleu", "chrf"]
 
     def compute(self) -> dict[str, float]:
-        ids = [i for i, _ in self.hyps]
-        hyps = [h for _, h in self.hyps]
-        refs = [self.refs[i] for i in ids]
-        self._bleu, self._chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-        bleu = self._bleu.corpus_score(hyps, [refs])
-        chrf = self._chrf.corpus_score(hyps, [refs])
-        return {"bleu": bleu.score, "chrf": chrf.score}
-
-    def signatures(self) -> dict[str, str]:
-        """The sacreBLEU signatures of the last ``compute``."""
-        if self._bleu is None:
-            return {}
-        return {"bleu": str(self._bleu.get_signature()), "chrf": str(self._chrf.get_signature())}
+        hyps, refs = [h for _, h in self.hyps], [[self.refs[i] for i, _ in self.hyps]]
+        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+        scores = {"bleu": bleu.corpus_score(hyps, refs).score, "chrf": chrf.corpus_score(hyps, refs).score}
+        self.signatures = {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+        return scores
 
     def media(self, ctx: EvalContext) -> list[Text]:
         """The first ``num_media`` translations (in dataset order) as one text item."""
@@ -84,5 +56,5 @@ class CorpusBleu(Metric):
         out_dir.mkdir(parents=True, exist_ok=True)
         name = f"{ctx.key_prefix}_step{ctx.step}"
         (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for _, h in self.hyps), encoding="utf-8")
-        (out_dir / f"{name}.sacrebleu.json").write_text(json.dumps(self.signatures(), indent=1), encoding="utf-8")
-        print(f"sacreBLEU signatures: {self.signatures()}", file=sys.stderr, flush=True)
+        (out_dir / f"{name}.sacrebleu.json").write_text(json.dumps(self.signatures, indent=1), encoding="utf-8")
+        print(f"sacreBLEU signatures: {self.signatures}", file=sys.stderr, flush=True)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from tk.core.data.loader import LoaderSpec, build_loader
@@ -17,31 +19,24 @@ from tk.core.data.samplers import TokenBudgetBatchSampler
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
-from tk.core.nn.config import TransformerConfig
 from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.nn.transformer import EncoderDecoder
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
-from tk.plugins.translation.data import DataConfig, ParallelDataset, collate_pairs, pad_stack, read_pairs
-from tk.plugins.translation.metrics import CorpusBleu, Perplexity
-from tk.plugins.translation.tokenizer import TokenizerConfig, Vocab, load_tokenizer, train_tokenizer
+from tk.core.text import Perplexity, TextTokenizer
+from tk.plugins.translation.data import (
+    SPECIALS,
+    DataConfig,
+    ParallelDataset,
+    TokenizerConfig,
+    collate_pairs,
+    read_pairs,
+)
+from tk.plugins.translation.metrics import CorpusBleu
+from tk.plugins.translation.model import ModelConfig
 
 JOINT_FILE, SRC_FILE, TGT_FILE = "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json"
 DATA_REPORT = "data_report.json"  # task file: pairs kept / dropped per split
-
-
-@dataclass
-class ModelConfig(TransformerConfig):
-    """The recipe's ``model:`` section (TransformerConfig's keys)."""
-
-    dim: int = 256  # model width D
-    depth: int = 3  # encoder and decoder layers (unless encoder_depth/decoder_depth)
-    num_heads: int = 4  # attention heads
-    mlp_ratio: float = 4.0  # feed-forward width / dim
-    dropout: float = 0.1  # residual/embedding dropout
-    max_len: int = 256  # positions (tokens) per sequence
-    tie_embeddings: bool = True  # output projection = target embedding
-    share_embeddings: bool = True  # one embedding for source and target (needs tokenizer.joint)
 
 
 @dataclass
@@ -73,14 +68,21 @@ class TranslationTask(Task):
     extra_sections: ClassVar[Mapping[str, type]] = {
         "tokenizer": TokenizerConfig, "decode": DecodeConfig, "loss": LossConfig,
     }
+    renamed_keys: ClassVar[Mapping[str, str]] = {
+        "data.lowercase": "tokenizer.lowercase",
+        "data.hf_val_split": "was renamed to data.hf_split, a mapping of tk split to dataset split; write "
+                             "`data: {hf_split: {train: train, val: validation, test: test}}`",
+        "train.best_metric=val/ppl": "train.best_metric=val/perplexity",
+    }
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
         self.tok_cfg: TokenizerConfig = self.sections.get("tokenizer") or TokenizerConfig()
         self.decode_cfg: DecodeConfig = self.sections.get("decode") or DecodeConfig()
         self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
-        self.src_vocab: Vocab | None = None
-        self.tgt_vocab: Vocab | None = None
+        self.src_tok: TextTokenizer | None = None
+        self.tgt_tok: TextTokenizer | None = None  # the same object as src_tok when joint
+        self.pad_id = self.bos_id = self.eos_id = -1  # the specials' ids, set by setup
         self._datasets: dict[str, ParallelDataset] = {}
         self.tokenizer_trained = False  # True only where this process trained the tokenizer(s) (not given ones)
 
@@ -101,6 +103,10 @@ class TranslationTask(Task):
                             f"or the longest pairs fit in no batch")
         if data.max_len > model.max_len:
             problems.append(f"data.max_len ({data.max_len}) must be <= model.max_len ({model.max_len})")
+        if data.source == "hf" and not data.hf_name:
+            problems.append("data.hf_name: data.source: hf needs a dataset, e.g. wmt14 (and data.hf_config: de-en)")
+        if set(data.hf_split) - {"train", "val", "test"}:
+            problems.append(f"data.hf_split: keys must be among train, val, test; got {sorted(data.hf_split)}")
         if data.source in ("synthetic", "reverse") and min(data.num_train, data.num_val) < 1:
             problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
         if tok.vocab_size < 8:
@@ -113,8 +119,9 @@ class TranslationTask(Task):
         if best.endswith(("/bleu", "/chrf")) and dec.bleu_every != 1:
             problems.append(f"train.best_metric ({best!r}) needs BLEU on every evaluation: set decode.bleu_every=1 "
                             f"(now {dec.bleu_every}) or best_metric: val/loss")
-        if not 0.0 <= _label_smoothing(cfg) < 1.0:
-            problems.append(f"loss.label_smoothing ({_label_smoothing(cfg)}) must be in [0, 1)")
+        smoothing = (cfg.sections.get("loss") or LossConfig()).label_smoothing
+        if not 0.0 <= smoothing < 1.0:
+            problems.append(f"loss.label_smoothing ({smoothing}) must be in [0, 1)")
         return problems
 
     # -- tokenizers ------------------------------------------------------------------
@@ -123,44 +130,37 @@ class TranslationTask(Task):
         run), or load the saved ones (resume, eval, translate: never retrained)."""
         names = [JOINT_FILE] if self.tok_cfg.joint else [SRC_FILE, TGT_FILE]
         if all(self.files.exists(n) for n in names) and self.run_dir is not None:
-            toks = [load_tokenizer(self.files.path(n)) for n in names]
+            toks = [TextTokenizer.from_str(self.files.read_text(n), str(self.files.path(n))) for n in names]
         elif resume:
             raise TkError(f"{self.files.path(names[0])} is missing: this run's tokenizer is gone; restore the "
                           f"run's artifacts/ folder (a tokenizer is never retrained on resume)")
         else:
-            toks = self._train_tokenizers()
+            toks = self._build_tokenizers()
             self.tokenizer_trained = self.tok_cfg.path is None
             if self.run_dir is not None:
                 for name, tok in zip(names, toks):
-                    self.files.write_text(name, tok.to_str(pretty=True))
-        self.src_vocab = Vocab(toks[0])
-        self.tgt_vocab = Vocab(toks[-1])
+                    self.files.write_text(name, tok.to_str())
+        self.src_tok, self.tgt_tok = toks[0], toks[-1]
+        self.pad_id, self.bos_id, self.eos_id = (self.tgt_tok.token_id(s) for s in SPECIALS[:3])  # <pad> <s> </s>
 
-    def _train_tokenizers(self) -> list:
-        if self.tok_cfg.path is not None:
-            return [load_tokenizer(self.tok_cfg.path)]
+    def _build_tokenizers(self) -> list[TextTokenizer]:
+        if self.tok_cfg.path is not None:  # one joint vocabulary (check_config)
+            return [TextTokenizer.load(self.tok_cfg.path, required_specials=SPECIALS)]
         pairs = [self._norm(p) for p in read_pairs(self.data, "train")]
-        if not pairs:
-            raise TkError(f"the train split of data.source={self.data.source!r} is empty; check data.train_prefix")
         if self.tok_cfg.joint:
-            return [train_tokenizer([s for s, _ in pairs] + [t for _, t in pairs], self.tok_cfg)]
-        return [train_tokenizer([s for s, _ in pairs], self.tok_cfg), train_tokenizer([t for _, t in pairs],
-                                                                                      self.tok_cfg)]
+            return [TextTokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], self.tok_cfg, SPECIALS)]
+        return [TextTokenizer.train([p[side] for p in pairs], self.tok_cfg, SPECIALS) for side in (0, 1)]
 
     def _norm(self, pair: tuple[str, str]) -> tuple[str, str]:
-        return (pair[0].lower(), pair[1].lower()) if self.data.lowercase else pair
-
-    @property
-    def pad_id(self) -> int:
-        return self.tgt_vocab.pad
+        """Lowercased with tokenizer.lowercase: the references too, so BLEU compares like with like."""
+        return (pair[0].lower(), pair[1].lower()) if self.tok_cfg.lowercase else pair
 
     # -- data ------------------------------------------------------------------------
     def build_dataset(self, split: str) -> ParallelDataset:
         """Tokenised pairs of ``split`` (see :class:`ParallelDataset` for the dropping rules)."""
         if split not in self._datasets:
             pairs = [self._norm(p) for p in read_pairs(self.data, split)]
-            ds = ParallelDataset(pairs, self.src_vocab.encode, self.tgt_vocab.encode, self.tgt_vocab.bos,
-                                 self.tgt_vocab.eos, self.data.max_len)
+            ds = ParallelDataset(pairs, self.src_tok, self.tgt_tok, self.data.max_len)
             if len(ds) == 0:
                 raise TkError(f"the {split} split has no usable pairs ({len(pairs)} read, dropped {ds.dropped}); "
                               f"check the data files or raise data.max_len ({self.data.max_len})")
@@ -192,7 +192,7 @@ class TranslationTask(Task):
 
     # -- model and loss ----------------------------------------------------------------
     def build_model(self) -> nn.Module:
-        return EncoderDecoder(self.model_cfg, self.src_vocab.size, self.tgt_vocab.size, pad_id=self.pad_id)
+        return EncoderDecoder(self.model_cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size, pad_id=self.pad_id)
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Teacher forcing: ``model(src, tgt_in)`` predicts ``tgt_out``; label-smoothed CE
@@ -211,7 +211,7 @@ class TranslationTask(Task):
         return out
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
-        metrics: dict[str, Metric] = {"ppl": Perplexity()}
+        metrics: dict[str, Metric] = {"perplexity": Perplexity()}
         if ctx.every(self.decode_cfg.bleu_every):
             ds = self._datasets.get(ctx.split)
             refs, sources = (ds.refs, ds.sources) if ds is not None else ([], [])
@@ -225,26 +225,26 @@ class TranslationTask(Task):
         beam = d.beam_size if beam_size is None else beam_size
         max_len = max(1, min(int(d.max_len_a * src_len) + d.max_len_b, self.model_cfg.max_len - 1))
         return GenerationConfig(strategy="beam" if beam > 1 else "greedy", beam_size=beam, max_len=max_len,
-                                length_penalty=d.length_penalty, bos_id=self.tgt_vocab.bos,
-                                eos_id=self.tgt_vocab.eos, pad_id=self.pad_id)
+                                length_penalty=d.length_penalty, bos_id=self.bos_id, eos_id=self.eos_id,
+                                pad_id=self.pad_id)
 
     def decode(self, model: nn.Module, src: torch.Tensor, beam_size: int | None = None) -> list[str]:
         """Detokenised translations of a padded source batch (B, Ts)."""
         out = generate(model, src, self.generation_config(src.shape[1], beam_size))
-        return self.tgt_vocab.decode(out.tokens.tolist())
+        return self.tgt_tok.decode_batch(out.tokens.tolist())
 
     @torch.no_grad()
     def translate(self, model: nn.Module, lines: Sequence[str], beam_size: int | None = None) -> list[str]:
         """Translate raw source lines (an empty line gives an empty translation)."""
-        device = next(model.parameters()).device
-        texts = [line.strip().lower() if self.data.lowercase else line.strip() for line in lines]
+        texts = [line.strip().lower() if self.tok_cfg.lowercase else line.strip() for line in lines]
         keep = [i for i, t in enumerate(texts) if t]
         results = [""] * len(texts)
         if not keep:
             return results
-        limit = self.model_cfg.max_len
-        ids = [seq[: limit - 1] + [self.src_vocab.eos] for seq in self.src_vocab.encode([texts[i] for i in keep])]
-        src = pad_stack([torch.tensor(s) for s in ids], self.pad_id).to(device)
+        limit = self.model_cfg.max_len - 1  # room for EOS
+        ids = self.src_tok.encode_batch([texts[i] for i in keep], add_special_tokens=False, max_length=limit).ids
+        seqs = [torch.tensor(s + [self.eos_id]) for s in ids]
+        src = pad_sequence(seqs, batch_first=True, padding_value=self.pad_id).to(next(model.parameters()).device)
         for i, hyp in zip(keep, self.decode(model.eval(), src, beam_size)):
             results[i] = hyp
         return results
@@ -252,8 +252,3 @@ class TranslationTask(Task):
     def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
         """``tk predict``: ``{"input": line, "translation": text}`` per source line."""
         return [{"input": s, "translation": t} for s, t in zip(inputs, self.translate(model, inputs))]
-
-
-def _label_smoothing(cfg: Any) -> float:
-    """The recipe's loss.label_smoothing (default when the section is absent)."""
-    return (cfg.sections.get("loss") or LossConfig()).label_smoothing

@@ -19,11 +19,11 @@ from tk.core.errors import TkError
 from tk.core.nn.generation import generate
 from tk.core.recipe import load_config
 from tk.plugins.translation import TranslationTask
-from tk.plugins.translation.data import read_aligned, read_pairs
+from tk.plugins.translation.data import read_pairs
 from tk.plugins.translation.task import JOINT_FILE
 
-TINY = ["data.source=reverse", "data.num_train=200", "data.num_val=20", "data.max_len=16", "data.max_tokens=256",
-        "tokenizer.vocab_size=40", "model.dim=32", "model.depth=1", "model.num_heads=2", "model.max_len=64"]
+TINY = ["data.source=reverse", "data.num_train=200", "data.num_val=20", "data.max_len=24", "data.max_tokens=256",
+        "tokenizer.vocab_size=320", "model.dim=32", "model.depth=1", "model.num_heads=2", "model.max_len=64"]
 
 
 def make_task(overrides=(), run_dir=None, resume=False) -> TranslationTask:
@@ -37,7 +37,7 @@ def test_collate_shifts_target_bos_and_eos():
     task = make_task()
     ds = task.build_dataset("train")
     batch = task.collate([ds[0], ds[1], ds[2]])
-    bos, eos, pad = task.tgt_vocab.bos, task.tgt_vocab.eos, task.pad_id
+    bos, eos, pad = task.bos_id, task.eos_id, task.pad_id
     assert (bos, eos, pad) == (1, 2, 0)
     for row in range(3):
         tgt = ds[row]["tgt"]
@@ -71,7 +71,7 @@ def test_pad_tokens_change_no_non_pad_output():
 def test_label_smoothed_loss_matches_hand_computation():
     task = make_task()
     torch.manual_seed(0)
-    V, eps, pad = task.tgt_vocab.size, 0.1, task.pad_id
+    V, eps, pad = task.tgt_tok.vocab_size, 0.1, task.pad_id
     logits = torch.randn(2, 3, V)
     batch = {"src": torch.ones(2, 2, dtype=torch.long), "tgt_in": torch.ones(2, 3, dtype=torch.long),
              "tgt_out": torch.tensor([[5, 6, 2], [7, 2, pad]])}
@@ -110,10 +110,12 @@ def test_beam_size_one_equals_greedy():
 def test_misaligned_files_name_both_files_and_counts(tmp_path):
     (tmp_path / "train.en").write_text("a\nb\nc\n")
     (tmp_path / "train.de").write_text("x\ny\n")
+    files = ["data.source=files", f"data.train_prefix={tmp_path}/train", f"data.val_prefix={tmp_path}/nope"]
+    cfg, _ = load_config("translation_reverse", TINY + files)
     with pytest.raises(TkError, match=r"train\.en has 3 lines but .*train\.de has 2"):
-        read_aligned(str(tmp_path / "train"), "en", "de")
-    with pytest.raises(TkError, match="not found"):
-        read_aligned(str(tmp_path / "nope"), "en", "de")
+        read_pairs(cfg.sections["data"], "train")
+    with pytest.raises(TkError, match="does not exist"):
+        read_pairs(cfg.sections["data"], "val")
 
 
 def test_empty_and_too_long_pairs_are_dropped_and_counted(tmp_path):
@@ -166,7 +168,7 @@ def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
     reloaded = TranslationTask(cfg, run)
     reloaded.setup(resume=True)
     text = [s for s, _ in val[:20]]
-    assert reloaded.src_vocab.encode(text) == fresh.src_vocab.encode(text)
+    assert reloaded.src_tok.encode_batch(text).ids == fresh.src_tok.encode_batch(text).ids
     before = (run / "artifacts" / JOINT_FILE).read_bytes()
     lines = "\n".join(s for s, _ in val[:5]) + "\n"
     out = CliRunner().invoke(cli, ["translate", str(run), "-", "--beam", "3", "--average-last", "2"], input=lines)
@@ -179,15 +181,15 @@ def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
 
 # -- tokenizer variants -------------------------------------------------------------------
 def test_given_tokenizer_json_is_used_not_retrained(tmp_path):
-    from tk.plugins.translation.tokenizer import TokenizerConfig, train_tokenizer
+    from tk.core.text import TextTokenizer, TokenizerConfig
 
     texts = [s for pair in read_pairs(make_task().data, "train") for s in pair]
-    given = train_tokenizer(texts, TokenizerConfig(vocab_size=30))
-    given.save(str(tmp_path / "given.json"))
-    task = make_task([f"tokenizer.path={tmp_path}/given.json", "tokenizer.vocab_size=40"], run_dir=tmp_path / "run")
+    given = TextTokenizer.train(texts, TokenizerConfig(vocab_size=265), ["<pad>", "<s>", "</s>", "<unk>"])
+    given.save(tmp_path / "given.json")
+    task = make_task([f"tokenizer.path={tmp_path}/given.json", "tokenizer.vocab_size=320"], run_dir=tmp_path / "run")
     assert not task.tokenizer_trained
-    assert task.src_vocab.size == given.get_vocab_size() <= 30  # the file's vocabulary, not a new one of 40
-    assert task.src_vocab.encode(texts[:10]) == [e.ids for e in given.encode_batch(texts[:10])]
+    assert task.src_tok.vocab_size == given.vocab_size <= 265  # the file's vocabulary, not a new one of 320
+    assert task.src_tok.encode_batch(texts[:10]).ids == given.encode_batch(texts[:10]).ids
     saved = (tmp_path / "run" / "artifacts" / JOINT_FILE).read_text()
     assert json.loads(saved)["model"] == json.loads(given.to_str())["model"]  # stored with the run
     (tmp_path / "bad.json").write_text(given.to_str().replace('"<unk>"', '"<oov>"'))
@@ -199,13 +201,13 @@ def test_given_tokenizer_json_is_used_not_retrained(tmp_path):
 
 def test_unigram_tokenizer_has_fixed_specials_and_round_trips():
     task = make_task(["tokenizer.kind=unigram"])
-    vocab = task.src_vocab
+    vocab = task.src_tok
     assert type(vocab.tok.model).__name__ == "Unigram"
-    assert (vocab.pad, vocab.bos, vocab.eos, vocab.unk) == (0, 1, 2, 3)
+    assert [vocab.token_id(s) for s in ("<pad>", "<s>", "</s>", "<unk>")] == [0, 1, 2, 3]
     texts = [s for s, _ in read_pairs(task.data, "val")[:10]]
-    ids = vocab.encode(texts)
+    ids = vocab.encode_batch(texts, add_special_tokens=False).ids
     assert all(i >= 4 for seq in ids for i in seq)  # no specials inside plain text
-    assert vocab.decode(ids) == texts
+    assert vocab.decode_batch(ids) == texts
 
 
 def test_separate_vocabularies_two_task_files_and_model(tmp_path):
@@ -219,16 +221,52 @@ def test_separate_vocabularies_two_task_files_and_model(tmp_path):
     task = make_task(files + ["model.share_embeddings=false"], run_dir=run)
     assert (run / "artifacts" / "tokenizer.src.json").is_file() and (run / "artifacts" / "tokenizer.tgt.json").is_file()
     assert not (run / "artifacts" / JOINT_FILE).exists()
-    src_tokens, tgt_tokens = set(task.src_vocab.tok.get_vocab()), set(task.tgt_vocab.tok.get_vocab())
-    assert "▁katze" in tgt_tokens and "▁katze" not in src_tokens and "▁cat" in src_tokens
+    src_tokens, tgt_tokens = set(task.src_tok.tok.get_vocab()), set(task.tgt_tok.tok.get_vocab())
+    assert "Ġkatze" in tgt_tokens and "Ġkatze" not in src_tokens and "Ġcat" in src_tokens  # byte-level: Ġ = space
     model = task.build_model()
     assert model.src_embed is not model.tgt_embed
-    assert model.src_embed.weight.shape[0] == task.src_vocab.size and model.lm_head.out_features == task.tgt_vocab.size
+    assert model.src_embed.weight.shape[0] == task.src_tok.vocab_size
+    assert model.lm_head.out_features == task.tgt_tok.vocab_size
     batch = task.collate([task.build_dataset("train")[i] for i in range(3)])
     assert torch.isfinite(task.loss(model, batch).loss)
     reloaded = make_task(files + ["model.share_embeddings=false"], run_dir=run, resume=True)
-    assert not reloaded.tokenizer_trained and reloaded.tgt_vocab.encode(["die katze"]) == task.tgt_vocab.encode(
-        ["die katze"])
+    assert not reloaded.tokenizer_trained
+    assert reloaded.tgt_tok.encode("die katze") == task.tgt_tok.encode("die katze")
+
+
+@pytest.mark.parametrize("old,new", [("data.lowercase=true", "tokenizer.lowercase"),
+                                     ("data.hf_val_split=validation", "data.hf_split"),
+                                     ("train.best_metric=val/ppl", "val/perplexity")])
+def test_renamed_key_is_a_one_line_config_error(old, new, tmp_path):
+    result = CliRunner().invoke(cli, ["validate", "translation_reverse", old, f"output_dir={tmp_path}/run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and "renamed to" in result.stderr and new in result.stderr, result.stderr
+
+
+def test_hf_split_maps_tk_splits_to_dataset_splits(monkeypatch):
+    calls = []
+
+    def fake_load(name, config, split):
+        calls.append((name, config, split))
+        return FakeDataset([{"translation": {"en": "a dog", "de": "ein Hund"}}])
+
+    monkeypatch.setattr("tk.plugins.translation.data.load_hub_dataset", fake_load)
+    cfg, _ = load_config("translation_reverse", TINY + ["data.source=hf", "data.hf_name=wmt14", "data.hf_config=de-en",
+                                                         "data.hf_split={val: dev}"])
+    assert read_pairs(cfg.sections["data"], "val") == [("a dog", "ein Hund")]
+    read_pairs(cfg.sections["data"], "test")
+    assert calls == [("wmt14", "de-en", "dev"), ("wmt14", "de-en", "test")]  # a key left out keeps its default
+    with pytest.raises(TkError, match="keys must be among train, val, test"):
+        load_config("translation_reverse", TINY + ["data.source=hf", "data.hf_name=x", "data.hf_split={dev: dev}"])
+
+
+class FakeDataset(list):
+    """What ``load_hub_dataset`` gives: rows, ``column_names`` and ``ds[column]``."""
+
+    column_names = ("translation",)
+
+    def __getitem__(self, key):
+        return [row[key] for row in self] if isinstance(key, str) else super().__getitem__(key)
 
 
 def test_periodic_beam_size_is_checked():
