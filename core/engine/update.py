@@ -1,6 +1,11 @@
 """The gradient arithmetic of one optimizer update: summing micro-batch outputs on the
-device, the one host sync, normalising and clipping in one multiply, and finding the
-first non-finite gradient. ``Trainer.train_step`` runs these stages in order.
+device and over processes, the one host sync, normalising and clipping in one multiply,
+and finding the first non-finite gradient. ``Trainer.train_step`` runs these stages in order.
+
+Gradient accumulation is exact: a task's loss is *summed* over its items and the
+accumulated gradient is divided once by the item count of all micro-batches (and
+processes), so ``grad_accum=4, batch_size=8`` updates the weights exactly as
+``grad_accum=1, batch_size=32`` does (fairseq's ``sample_size`` normalisation).
 
 Gradient clipping: https://arxiv.org/abs/1211.5063
 """
@@ -12,6 +17,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 
+from tk.core.engine.distributed import all_reduce_sum, float64_vector
 from tk.core.step import StepOutput
 
 __all__ = ["UpdateSums", "Synced", "sync_to_host", "normalise_and_clip_", "first_non_finite", "UpdateResult",
@@ -40,6 +46,19 @@ class UpdateSums:
         for key, value in out.logs.items():
             value = value.detach() if torch.is_tensor(value) else float(value)
             self.logs[key] = self.logs[key] + value if key in self.logs else value
+
+    def all_reduce(self, stop: float, world_size: int, device: torch.device
+                   ) -> tuple[torch.Tensor, Any, Any, dict[str, Any]]:
+        """The loss, items, ``stop`` ("this process got a signal") and the logs (sorted by
+        key, the same keys on every process), summed over processes in one all-reduce
+        (one process: as they are)."""
+        if world_size == 1:
+            return self.loss, self.items, stop, self.logs
+        keys = sorted(self.logs)
+        stats = float64_vector([self.loss, self.items, stop, *(self.logs[k] for k in keys)], device)
+        all_reduce_sum(stats)
+        loss, items, stop, *values = stats.unbind()
+        return loss, items, stop, dict(zip(keys, values))
 
 
 class Synced(NamedTuple):
