@@ -19,7 +19,7 @@ from tk.core.errors import TkError
 from tk.core.step import EvalContext
 from tk.core.task import Task
 
-__all__ = ["split_loader", "batch_stream", "prepare_teacher", "wrap_ddp", "check_best_metric"]
+__all__ = ["split_loader", "run_loaders", "batch_stream", "prepare_teacher", "wrap_ddp", "check_best_metric"]
 
 
 def split_loader(task: Task, split: str, t: TrainConfig, training: bool, rank: int, world_size: int,
@@ -42,6 +42,12 @@ def split_loader(task: Task, split: str, t: TrainConfig, training: bool, rank: i
                       f"{spec.batch_size} x {world_size} processes); add data or lower "
                       f"train.{'batch_size' if training else 'eval_batch_size'}")
     return loader
+
+
+def run_loaders(task: Task, t: TrainConfig, rank: int, world_size: int, device: torch.device) -> tuple[Any, Any]:
+    """The train and val loaders of a run, both built at set-up so that a missing or
+    broken val split fails now, not after training."""
+    return tuple(split_loader(task, split, t, split == "train", rank, world_size, device) for split in ("train", "val"))
 
 
 def batch_stream(loader: Any, t: TrainConfig, rank: int, world_size: int,

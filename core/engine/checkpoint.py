@@ -22,7 +22,7 @@ from tk.core.errors import TkError
 
 __all__ = [
     "save_checkpoint", "load_checkpoint", "CheckpointReadError", "intact_checkpoints", "capture_rng_state", "restore_rng_state",
-    "CheckpointManager", "preserved_rng", "load_model_state",
+    "CheckpointManager", "preserved_rng", "load_model_state", "read_resume_checkpoint",
 ]
 
 _MARK = "_tk_checkpoint"  # format version stored in every checkpoint tk writes
@@ -281,6 +281,13 @@ class CheckpointManager:
         atomic_write(self._index, lambda f: f.write(json.dumps(self.info, indent=2).encode()))
         return folder
 
+    def prepare_resume(self, step: int) -> Path | None:
+        """Before a run resumes at ``step``: delete the temp files of a save that a killed
+        process left behind, then :meth:`set_aside_after` (returns its folder or None)."""
+        for stale in self.directory.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+        return self.set_aside_after(step)
+
     def latest(self) -> Path | None:
         """``last.pt`` if present, else the newest step file, else None."""
         last = self.directory / "last.pt"
@@ -356,6 +363,17 @@ def gather_rng_states(world_size: int) -> list[dict[str, Any]]:
     gathered: list[Any] = [None] * world_size
     torch.distributed.all_gather_object(gathered, state)
     return gathered
+
+
+def read_resume_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """The checkpoint ``--resume`` names.
+
+    Raises:
+        TkError: there is no file at ``path``.
+    """
+    if not Path(path).is_file():
+        raise TkError(f"--resume: no checkpoint found at {path}; start a new run with --overwrite")
+    return load_checkpoint(path, map_location=map_location)
 
 
 def load_resumed_model(model: nn.Module, state: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:

@@ -1,5 +1,5 @@
-"""Mixed precision: autocast contexts, fp16 loss scaling and the optimizer update
-(unscale -> scale/clip -> step -> scale update) behind one small object.
+"""Mixed precision: autocast contexts and fp16 loss scaling (the GradScaler) behind one
+small object; the optimizer update itself is the Trainer's (``tk.core.engine.update``).
 
 Mixed precision training: https://arxiv.org/abs/1710.03740
 torch.amp: https://pytorch.org/docs/stable/amp.html
@@ -8,14 +8,13 @@ torch.amp: https://pytorch.org/docs/stable/amp.html
 from __future__ import annotations
 
 import contextlib
-import math
-from typing import Any, ContextManager, Mapping, NamedTuple, Sequence
+from typing import Any, ContextManager, Mapping
 
 import torch
 
 from tk.core.errors import TkError
 
-__all__ = ["Precision", "LossScaling", "UpdateResult", "check_precision"]
+__all__ = ["Precision", "LossScaling", "check_precision"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -113,22 +112,11 @@ def check_precision(name: str, device: torch.device | str) -> str | None:
     return None
 
 
-class UpdateResult(NamedTuple):
-    """What :meth:`Precision.apply_update` did, with host copies of its numbers."""
-
-    took_step: bool  # the optimizer step was applied
-    skipped_because: str | None  # None, "overflow" (fp16: inf gradients from a finite loss; the
-    # scaler lowers its scale, expected now and then) or "non-finite" (loss or gradients NaN/inf)
-    loss: float  # the ``loss`` given, on the host
-    grad_norm: float  # global norm of grads * scale before clipping (fp16's loss scale removed)
-    extras: list[float]  # the ``extras`` given, on the host
-
-
 class Precision:
     """Numeric precision of a run: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"``
-    (autocast + loss scaling, CUDA only). It owns the fp16 decisions, so the engine
-    calls :meth:`backward` per micro-batch and :meth:`apply_update` per update whatever
-    the precision.
+    (autocast + loss scaling, CUDA only). The engine calls :meth:`backward` per
+    micro-batch and :meth:`unscale_` before reading the gradients whatever the precision;
+    under fp16 it steps through ``scaling`` (the GradScaler skips overflowing steps).
 
     bf16 has fp32's exponent range, so it needs no scaling.
 
@@ -169,59 +157,11 @@ class Precision:
         else:
             loss.backward()
 
-    def apply_update(self, optimizer: torch.optim.Optimizer, grads: list[torch.Tensor], loss: torch.Tensor, *,
-                     scale: float | torch.Tensor = 1.0, max_norm: float | None = None,
-                     extras: Sequence[torch.Tensor] = ()) -> UpdateResult:
-        """One optimizer update: unscale (fp16) -> multiply by ``scale`` and clip the
-        global norm to ``max_norm`` -> step unless the loss or gradients are inf/NaN ->
-        adjust the loss scale (fp16; the GradScaler decides whether to step).
-
-        One host sync (after fp16's unscaling, before scaling or clipping) brings back the
-        loss, ``scale``, ``extras`` and the per-tensor gradient norms; the global norm,
-        the clipping factor and the step decision are then host arithmetic, and scaling
-        and clipping are one in-place multiply (none when the factor is 1). A non-finite
-        loss skips the step in every precision.
-
-        Args:
-            optimizer: the optimizer over ``grads``' parameters.
-            grads: the (accumulated) gradients, e.g. ``[p.grad for p in params if p.grad is not None]``.
-            loss: 0-dim tensor, the loss the gradients came from (its finiteness is checked).
-            scale: gradient multiplier, e.g. ``world_size / items`` (1.0: already normalised);
-                a 0-dim tensor is read in the same sync.
-            max_norm: clip the global norm of the scaled gradients to it, as
-                ``torch.nn.utils.clip_grad_norm_`` does (None: no clipping). A non-finite
-                norm clips nothing, so the non-finite gradient stays findable.
-            extras: 0-dim tensors to bring to the host in the same sync (numbers to log).
-
-        Returns:
-            An :class:`UpdateResult`.
-        """
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide fp16's scaled gradients by the loss scale in place (a no-op otherwise);
+        call before reading or clipping the gradients."""
         if self.scaling:
             self.scaling.unscale_(optimizer)
-        synced = [loss, *extras, scale] if torch.is_tensor(scale) else [loss, *extras]
-        synced = [t if t.device == loss.device else t.to(loss.device) for t in synced]  # e.g. a CPU item count
-        host = torch.stack([*synced, *(torch._foreach_norm(grads) if grads else ())]).tolist()  # the one host sync
-        head = len(synced)
-        scale = host[head - 1] if torch.is_tensor(scale) else scale
-        grad_norm = scale * math.hypot(*host[head:])  # the norm of grads * scale
-        if math.isfinite(grad_norm):
-            factor = scale if max_norm is None else scale * min(1.0, max_norm / (grad_norm + 1e-6))
-            if factor != 1.0 and grads:
-                torch._foreach_mul_(grads, factor)
-        finite = math.isfinite(host[0]) and math.isfinite(grad_norm)
-        if self.scaling:  # the GradScaler skips steps with inf/NaN gradients itself
-            if math.isfinite(host[0]):
-                took_step = self.scaling.step(optimizer)
-                why = None if took_step else "overflow"
-            else:
-                self.scaling.skip(optimizer)
-                took_step, why = False, "non-finite"
-            self.scaling.update()
-        else:
-            took_step, why = finite, None if finite else "non-finite"
-            if finite:
-                optimizer.step()
-        return UpdateResult(took_step, why, host[0], grad_norm, host[1:1 + len(extras)])
 
     def log_record(self) -> dict[str, float]:
         """Numbers for the training log: ``{"loss_scale": ...}`` under fp16, else nothing."""

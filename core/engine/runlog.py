@@ -207,6 +207,15 @@ def window_record(window: list[dict[str, float]], clock: Throughput) -> dict[str
     return record
 
 
+def train_record(window: list[dict[str, float]], clock: Throughput, step: int, steps_per_epoch: int | None,
+                 total_steps: int) -> tuple[dict[str, Any], float]:
+    """The training record at ``step`` (:func:`window_record` with step and epoch) and
+    the estimated seconds to ``total_steps``."""
+    record = {"step": step, "epoch": step / steps_per_epoch if steps_per_epoch else None,
+              **window_record(window, clock)}
+    return record, (total_steps - step) * record.pop("_seconds_per_step")
+
+
 def train_line(record: dict[str, Any], total_steps: int, eta: float) -> str:
     """One console/``train.log`` line for a training record."""
     skipped = f"  skipped {record['skipped_steps']:.0f}" if record["skipped_steps"] else ""

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["TrainingInterrupted", "stop_signals"]
+__all__ = ["TrainingInterrupted", "StopRequest", "stop_signals"]
 
 
 class TrainingInterrupted(Exception):
@@ -20,6 +20,30 @@ class TrainingInterrupted(Exception):
         where = f"; checkpoint saved to {checkpoint}" if checkpoint else ""
         super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}{where}; "
                          f"continue with `tk run ... --resume`")
+
+
+class StopRequest:
+    """The SIGINT/SIGTERM this process received (its ``__call__`` is the handler's
+    callback) and the one every process agreed to stop on."""
+
+    def __init__(self) -> None:
+        self.received = 0  # the signal this process got (0: none)
+        self.agreed = 0  # the signal to stop on (0: keep going)
+
+    def __call__(self, signum: int) -> None:
+        self.received = signum
+
+    def agree(self, anyone: float) -> None:
+        """After an update's all-reduce: ``anyone`` is the sum over processes of "got a
+        signal"; any at all stops every process."""
+        if anyone:
+            self.agreed = self.received or signal.SIGTERM
+
+    def due(self, world_size: int) -> int:
+        """The signal to stop on now (0: keep going); one process needs no agreement."""
+        if world_size == 1 and self.received:
+            self.agreed = self.received
+        return self.agreed
 
 
 @contextlib.contextmanager

@@ -4,21 +4,15 @@ The task supplies data, model, loss and metrics (``tk.core.task.Task``); this mo
 owns devices, precision, gradient accumulation, clipping, the LR schedule, EMA,
 evaluation, checkpoints, resume and logging.
 
-Gradient accumulation is exact: a task's loss is *summed* over its items and the
-accumulated gradient is divided once by the item count of all micro-batches (and
-processes), so ``grad_accum=4, batch_size=8`` updates the weights exactly as
-``grad_accum=1, batch_size=32`` does (fairseq's ``sample_size`` normalisation).
-
-Resume is exact: a checkpoint holds the model, optimiser, scheduler, loss scaler, EMA,
-the data position and every process's RNG states, captured after the update, so a
-resumed run draws the same batches and random numbers as an uninterrupted one.
+One update's stages are :meth:`Trainer.train_step` (gradient arithmetic in
+``tk.core.engine.update``); what a checkpoint holds is ``tk.core.engine.trainer_state``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,17 +20,11 @@ import torch
 from torch import nn
 
 from tk.core.config import RunConfig
-from tk.core.distributed import agreed_log_keys, all_reduce_sum, float64_vector, main_process_first
+from tk.core.distributed import agreed_log_keys, main_process_first
 from tk.core.engine.assemble import assemble
-from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, split_loader, wrap_ddp
-from tk.core.engine.checkpoint import (
-    CheckpointManager,
-    gather_rng_states,
-    load_checkpoint,
-    load_resumed_model,
-    preserved_rng,
-    restore_rng_state,
-)
+from tk.core.engine.best import BestTracker
+from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, run_loaders, split_loader, wrap_ddp
+from tk.core.engine.checkpoint import CheckpointManager, preserved_rng, read_resume_checkpoint
 from tk.core.engine.curves import CurvesWriter
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
 from tk.core.engine.ema import ModelEMA
@@ -44,9 +32,19 @@ from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.export import export_safetensors
 from tk.core.engine.loggers import open_loggers
 from tk.core.engine.precision import Precision
-from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, window_record
-from tk.core.engine.signals import TrainingInterrupted, stop_signals
+from tk.core.engine.progress import RunProgress, eval_due
+from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, train_record
+from tk.core.engine.signals import StopRequest, TrainingInterrupted, stop_signals
 from tk.core.engine.summary import ActivationMeter, format_bytes
+from tk.core.engine.trainer_state import load_trainer_state, trainer_state
+from tk.core.engine.update import (
+    Synced,
+    UpdateSums,
+    first_non_finite,
+    normalise_and_clip_,
+    step_or_skip,
+    sync_to_host,
+)
 from tk.core.errors import TkError
 from tk.core.optim import build_optimizer
 from tk.core.schedule import build_scheduler
@@ -80,17 +78,17 @@ class Trainer:
         seed_everything(t.seed + self.rank, t.deterministic)
         self.precision = Precision(t.precision, self.device)
 
-        state = self._read_checkpoint(resume_from) if resume_from is not None else None
+        state = read_resume_checkpoint(resume_from, self.device) if resume_from is not None else None
+        loaders = partial(run_loaders, t=t, rank=self.rank, world_size=self.world_size, device=self.device)
         built = assemble(cfg, task_cls, self.run_dir, "resume" if state else "train", state=state,
-                         build_data=self._build_loaders, main_first=main_process_first)
+                         build_data=loaders, main_first=main_process_first)
         self.task, self.model = built.task, built.model
         self.train_loader, self.val_loader = built.data
         self.batches, self.steps_per_epoch = batch_stream(self.train_loader, t, self.rank, self.world_size,
                                                           self.log.echo)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
-        self.best_key = t.best_metric or "val/loss"
-        self.best_mode = t.best_mode or ("min" if self.best_key.endswith("loss") else "max")
-        check_best_metric(self.task, self.best_key, with_ema=t.ema_decay is not None)
+        self.best = BestTracker(t.best_metric or "val/loss", t.best_mode, t.early_stopping_patience)
+        check_best_metric(self.task, self.best.key, with_ema=t.ema_decay is not None)
 
         if t.grad_checkpointing:
             enable_grad_checkpointing(self.model)
@@ -104,18 +102,14 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=t.keep_last) \
             if self.run_dir is not None and self.is_main else None
         self._params = [p for p in self.model.parameters() if p.requires_grad]
-        self._param_names = {id(p): n for n, p in self.model.named_parameters()}
 
         # progress (all of it goes into checkpoints)
         self.step = 0  # optimizer updates done (skipped ones included)
-        self.progress = {"best_value": None, "best_step": None, "evals_since_best": 0, "bad_steps": 0,
-                         "skipped_steps": 0, "evaluations": 0, "items_seen": 0.0, "wall_time": 0.0}
-        self._clock: tuple[float, float] | None = None  # (monotonic time, wall_time) when fit() started
+        self.counts = RunProgress()
         self._resumed_at: int | None = None  # the step a resumed run continues from
         self._rewound = False  # resumed from a checkpoint before the latest one (--resume-from)
         self._curves = CurvesWriter(self.run_dir) if self.run_dir is not None and self.is_main and t.curves else None
-        self._signal_received = 0  # set by the SIGINT/SIGTERM handler
-        self._stop_signal = 0  # the signal every process agreed to stop on
+        self.stop = StopRequest()  # set by the SIGINT/SIGTERM handler, agreed on after each update
         self._saved_step = -1
         self._activation_bytes: int | None = None
         self._in_update = False  # a failure inside an update leaves no consistent state to save
@@ -126,12 +120,16 @@ class Trainer:
         if state is not None:
             self._resume(state, resume_from)
 
-    # -- set-up helpers --------------------------------------------------------------
-    def _build_loaders(self, task: Task):
-        """Step 4 of the assembly: every split the run uses, so that a missing or broken
-        val split fails now, not after training."""
-        return tuple(split_loader(task, split, self.tcfg, split == "train", self.rank, self.world_size, self.device)
-                     for split in ("train", "val"))
+    # -- state -----------------------------------------------------------------------
+    @property
+    def progress(self) -> dict[str, Any]:
+        """The run's counters and best-metric state, as checkpoints store them (a copy)."""
+        return {**self.counts.state_dict(), **self.best.state_dict()}
+
+    @property
+    def best_mode(self) -> str:
+        """``"min"`` or ``"max"``: how ``train.best_metric`` improves."""
+        return self.best.mode
 
     # -- one update ------------------------------------------------------------------
     def _prescale(self) -> bool:
@@ -160,7 +158,7 @@ class Trainer:
         return out
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer update over ``grad_accum`` micro-batches.
+        """One optimizer update over ``grad_accum`` micro-batches, its stages in order.
 
         Returns:
             ``loss`` (per item), ``grad_norm`` (before clipping), ``lr``, ``items``,
@@ -169,70 +167,56 @@ class Trainer:
         if not self.model.training:  # evaluation restores the mode, so only before the first update
             self.train_model.train()
         accum, prescale = self.tcfg.grad_accum, self._prescale()
-        logs: dict[str, Any] = {}
+        # forward -> backward, per micro-batch; the sums stay on the device (no host sync here)
+        sums = UpdateSums()
         for i in range(accum):
-            out = self._forward_backward(self.batches.next(), sync=i == accum - 1, prescale=prescale)
-            if i == 0:
-                loss, items = out.loss.detach(), out.num_items
-            else:
-                loss, items = loss + out.loss.detach(), items + out.num_items
-            for key, value in out.logs.items():
-                value = value.detach() if torch.is_tensor(value) else float(value)
-                logs[key] = logs[key] + value if key in logs else value
-        if self.world_size == 1:
-            return self._apply_update(loss, items, logs, prescale)
-        keys = sorted(logs)  # sums over processes, in one order: loss, items, "anyone got a signal", logs
-        if keys != self._log_keys:  # a different vector length on one rank would hang the all-reduce
-            self._log_keys = agreed_log_keys(keys, self.world_size)
-        stats = float64_vector([loss, items, float(self._signal_received > 0), *(logs[k] for k in keys)], self.device)
-        all_reduce_sum(stats)
-        loss, items, stop, *values = stats.unbind()
-        return self._apply_update(loss, items, dict(zip(keys, values)), prescale, stop)
-
-    def _apply_update(self, loss: torch.Tensor, items: float | torch.Tensor, logs: dict[str, Any], prescale: bool,
-                      stop: float | torch.Tensor = 0.0) -> dict[str, float]:
-        # The loss was summed over items; DDP averaged gradients over processes.
+            sums.add(self._forward_backward(self.batches.next(), sync=i == accum - 1, prescale=prescale))
+        # reduce: one all-reduce over processes
+        if self.world_size > 1 and sorted(sums.logs) != self._log_keys:  # before the all-reduce: lengths must match
+            self._log_keys = agreed_log_keys(sorted(sums.logs), self.world_size)
+        loss, items, stop, logs = sums.all_reduce(float(self.stop.received > 0), self.world_size, self.device)
+        # normalise by items: the loss was summed over items, DDP averaged gradients over processes
         scale = 1.0 if prescale else self.world_size / (items.clamp(min=1) if torch.is_tensor(items) else max(items, 1))
+        # unscale (fp16), then the update's one host sync: loss, scale, counts, logs, per-tensor grad norms
         lr = max(self.scheduler.get_last_lr())  # this update's (the scheduler steps after it)
         grads = [p.grad for p in self._params if p.grad is not None]
-        # One host sync decides whether the step is taken and brings back every number to log.
-        numbers = [items, stop, *logs.values()]
-        on_device = [v if v.is_floating_point() else v.double() for v in numbers if torch.is_tensor(v)]  # exact counts
-        update = self.precision.apply_update(self.optimizer, grads, loss, scale=scale, max_norm=self.tcfg.clip_grad_norm,
-                                             extras=on_device)
-        synced = iter(update.extras)
-        items, stop, *values = [next(synced) if torch.is_tensor(v) else v for v in numbers]
-        items = max(float(items), 1.0)
-        self.progress["items_seen"] += items
-        if stop:
-            self._stop_signal = self._signal_received or signal.SIGTERM
-        if update.took_step:
-            self.progress["bad_steps"] = 0
-        else:
-            self.progress["skipped_steps"] += 1
-            if update.skipped_because == "non-finite":  # fp16 overflows are the scaler's business
-                self._on_bad_step(update.loss / items, update.grad_norm)
+        self.precision.unscale_(self.optimizer)
+        host = sync_to_host(loss, grads, scale, [items, stop, *logs.values()])
+        # normalise and clip: one in-place multiply (none when the factor is 1)
+        normalise_and_clip_(grads, host.scale, host.grad_norm, self.tcfg.clip_grad_norm)
+        # optimizer step, or skip a non-finite one (fp16: the GradScaler skips overflows, then adjusts its scale)
+        skipped = step_or_skip(self.optimizer, self.precision.scaling, host)
+        stats = self._count_update(host, skipped, lr, list(logs))  # before zeroing: a bad step names its culprit
+        # zero, schedule (the lr follows the update count, skipped updates included), EMA
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()  # the lr follows the update count, skipped updates included
-        if update.took_step and self.ema is not None:
+        self.scheduler.step()
+        if skipped is None and self.ema is not None:
             self.ema.update(self.model)
         self.step += 1
-        stats = {"loss": update.loss / items, "grad_norm": update.grad_norm, "lr": lr, "items": items,
-                 "skipped": 0.0 if update.took_step else 1.0}
-        if logs:
-            stats.update({k: v / items for k, v in zip(logs, values)})
+        return stats
+
+    def _count_update(self, host: Synced, skipped: str | None, lr: float, log_keys: list[str]) -> dict[str, float]:
+        """Progress counters (items seen, skipped and bad steps, an agreed stop signal)
+        and the update's stats."""
+        items, stop, *values = host.numbers
+        items = max(float(items), 1.0)
+        self.stop.agree(stop)
+        self.counts.count_update(items, skipped)
+        if skipped == "non-finite":  # fp16 overflows are the scaler's business
+            self._on_bad_step(host.loss / items, host.grad_norm)
+        stats = {"loss": host.loss / items, "grad_norm": host.grad_norm, "lr": lr, "items": items,
+                 "skipped": 0.0 if skipped is None else 1.0}
+        stats.update({k: v / items for k, v in zip(log_keys, values)})
         return stats
 
     def _on_bad_step(self, loss: float, grad_norm: float) -> None:
-        self.progress["bad_steps"] += 1
-        culprit = next((self._param_names.get(id(p), "?") for p in self._params
-                        if p.grad is not None and not torch.isfinite(p.grad).all()), None)
+        culprit = first_non_finite(self.model.named_parameters())
         where = f"; first non-finite gradient in {culprit!r}" if culprit else ""
         self.log.echo(f"step {self.step + 1}: non-finite loss {loss} / grad norm {grad_norm}, update skipped{where}")
-        if self.progress["bad_steps"] >= self.tcfg.max_bad_steps:
+        if self.counts.bad_steps >= self.tcfg.max_bad_steps:
             log = f" Details per step in {self.run_dir / 'train.log'}." if self.run_dir else ""
             raise RuntimeError(
-                f"{self.progress['bad_steps']} non-finite steps in a row at step {self.step + 1}{where}; check "
+                f"{self.counts.bad_steps} non-finite steps in a row at step {self.step + 1}{where}; check "
                 f"the learning rate (optim.lr, schedule.warmup_steps), train.clip_grad_norm, and the data and "
                 f"the task's loss for NaN/inf.{self.precision.non_finite_hint}{log}")
 
@@ -248,7 +232,7 @@ class Trainer:
             prefix: result key prefix (default ``split``).
             kind: ``"periodic"`` or ``"final"`` (given to the task in its ``EvalContext``).
         """
-        ctx = EvalContext(split, self.step, kind, self.progress["evaluations"], prefix or "")
+        ctx = EvalContext(split, self.step, kind, self.counts.evaluations, prefix or "")
         out_dir = self.run_dir / "eval" if self.run_dir is not None else None
         with preserved_rng():
             loader = self.val_loader if split == "val" else \
@@ -262,77 +246,35 @@ class Trainer:
         results = self.evaluate("val", kind=kind)
         if self.ema is not None:
             results.update(self.evaluate("val", self.ema.module, prefix="val_ema", kind=kind))
-        value = results.get(self.best_key)  # checked against the declared keys at set-up
-        if value is None:
-            raise TkError(f"train.best_metric: this evaluation returned no {self.best_key!r} (results: "
-                          f"{', '.join(results)}); its metrics declare keys that their evaluations do not return")
-        p = self.progress
-        p["evaluations"] += 1
-        best = p["best_value"]
-        improved = best is None or (value > best if self.best_mode == "max" else value < best)
-        if improved:
-            p["best_value"], p["best_step"], p["evals_since_best"] = value, self.step, 0
-        else:
-            p["evals_since_best"] += 1
+        self.counts.evaluations += 1
+        improved = self.best.update(results, self.step)  # the key was checked against the declared ones at set-up
         epoch = self.step / self.steps_per_epoch if self.steps_per_epoch else None  # None: no epochs
-        self.log.metrics({"step": self.step, "epoch": epoch, "split": "val", **results, "time": self._wall_time()})
+        self.log.metrics({"step": self.step, "epoch": epoch, "split": "val", **results,
+                          "time": self.counts.wall_time()})
         if self._curves is not None:
             self._curves.update(final=kind == "final")
         shown = "  ".join(f"{k}={v:.4f}" for k, v in results.items())
         self.log.echo(f"step {self.step}/{self.total_steps}  {shown}" + ("  (best)" if improved else ""))
-        return results, value
+        return results, results[self.best.key]
 
     # -- checkpoints -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resume needs. Collective when distributed: call on every process."""
-        rng = gather_rng_states(self.world_size)
-        return {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "precision": self.precision.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-            "step": self.step, "data": self.batches.state_dict(),
-            "progress": {**self.progress, "wall_time": self._wall_time()},
-            "rng": rng, "world_size": self.world_size,
-            "config": self.cfg.to_dict(), "task": self.cfg.task, "task_state": self.task.state_dict(),
-        }
+        """Everything a resume needs (:func:`~tk.core.engine.trainer_state.trainer_state`).
+        Collective when distributed: call on every process."""
+        return trainer_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (all but the task state, which the assembly restored
         before set-up); a checkpoint of another model fails with a message naming the
         mismatching weights and the config settings that differ."""
-        diff = load_resumed_model(self.model, state, self.cfg.to_dict())
-        if diff:
-            self.log.echo("resuming with changed settings: " + "; ".join(diff))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state["precision"])
-        if self.ema is not None:
-            if state.get("ema") is not None:
-                self.ema.load_state_dict(state["ema"])
-            else:  # EMA switched on at resume: start averaging from the loaded weights
-                self.ema.module.load_state_dict(self.model.state_dict())
-        self.step = state["step"]
-        self.progress.update(state["progress"])
-        self.batches.load_state_dict(state["data"])
-        rng = state["rng"]
-        if len(rng) != self.world_size:
-            self.log.echo(f"note: the checkpoint comes from {len(rng)} process(es), this run has "
-                          f"{self.world_size}; random numbers will not match an uninterrupted run")
-        restore_rng_state(rng[self.rank % len(rng)])
-
-    def _read_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        if not Path(path).is_file():
-            raise TkError(f"--resume: no checkpoint found at {path}; start a new run with --overwrite")
-        return load_checkpoint(path, map_location=self.device)
+        load_trainer_state(self, state)
 
     def _resume(self, state: dict[str, Any], path: str | Path) -> None:
         """Continue from a checkpoint read before the assembly (its task state restored there)."""
         self.load_state_dict(state)
         self._saved_step = self.step
-        if self.checkpoints is not None:  # temp files of a save that a killed process left behind
-            for stale in self.checkpoints.directory.glob(".*.tmp"):
-                stale.unlink(missing_ok=True)
-            abandoned = self.checkpoints.set_aside_after(self.step)
+        if self.checkpoints is not None:
+            abandoned = self.checkpoints.prepare_resume(self.step)
             self._rewound = abandoned is not None
             if abandoned is not None:
                 self.log.echo(f"resuming from step {self.step}: the later checkpoints moved to {abandoned}")
@@ -346,7 +288,7 @@ class Trainer:
         state = self.state_dict()
         self.log.flush()  # the loggers' buffers: what the checkpoint covers survives a kill
         path = None if self.checkpoints is None else \
-            self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best_mode)
+            self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best.mode)
         self._saved_step = self.step
         return path
 
@@ -368,8 +310,8 @@ class Trainer:
             self._status("running")
             if self.is_main and self.run_dir is not None:
                 self.log.add_loggers(open_loggers(self.cfg, self.run_dir, self._resumed_at, self._rewound))
-            self._clock = (time.monotonic(), self.progress["wall_time"])
-            with stop_signals(self._on_signal, rearm=self.world_size == 1):
+            self.counts.start_clock()
+            with stop_signals(self.stop, rearm=self.world_size == 1):
                 results = self._loop(bar)
             if self.checkpoints is not None:
                 export_safetensors(self.model, self.run_dir / "model.safetensors")
@@ -395,12 +337,6 @@ class Trainer:
         self.log.status(state, self.step, total_steps=self.total_steps, task=self.cfg.task,
                         recipe=self.cfg.name or self.cfg.source, **fields)
 
-    def _wall_time(self) -> float:
-        """Training wall-clock seconds of the run, resumed sessions added up."""
-        if self._clock is None:
-            return self.progress["wall_time"]
-        return round(self._clock[1] + time.monotonic() - self._clock[0], 3)
-
     def _loop(self, bar: ProgressBar | None) -> dict[str, float]:
         results: dict[str, float] = {}
         window: list[dict[str, float]] = []
@@ -415,7 +351,7 @@ class Trainer:
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 self._log_train(window, clock, bar)
                 window = []
-            evaluated, metric = self._eval_due(), None
+            evaluated, metric = eval_due(self.step, self.total_steps, t.eval_every, self.steps_per_epoch), None
             if evaluated or (t.save_every and self.step % t.save_every == 0):
                 paused = time.perf_counter()
                 if evaluated and self.step == self.total_steps:
@@ -424,17 +360,12 @@ class Trainer:
                     results, metric = self._evaluate_and_track()
                 self.save_checkpoint(metric)
                 clock.exclude(time.perf_counter() - paused)  # throughput counts training time only
-            if self.world_size == 1 and self._signal_received:
-                self._stop_signal = self._signal_received  # one process: no need to agree with others
-            if self._stop_signal:
+            if self.stop.due(self.world_size):
                 path = self.save_checkpoint() if self._saved_step != self.step else None
                 path = path or (self.checkpoints.latest() if self.checkpoints else None)
-                raise TrainingInterrupted(self._stop_signal, self.step, path)
-            patience = t.early_stopping_patience
-            if evaluated and patience and self.progress["evals_since_best"] >= patience:
-                self.log.echo(f"early stop at step {self.step}: {self.best_key} did not improve for {patience} "
-                              f"evaluations (best {self.progress['best_value']:.4f} at step "
-                              f"{self.progress['best_step']})")
+                raise TrainingInterrupted(self.stop.agreed, self.step, path)
+            if evaluated and self.best.should_stop:
+                self.log.echo(self.best.stop_message(self.step))
                 break
         return results
 
@@ -451,22 +382,10 @@ class Trainer:
             except Exception:  # noqa: BLE001 - the original error matters more; keep the older checkpoint
                 pass
 
-    def _on_signal(self, signum: int) -> None:
-        self._signal_received = signum
-
-    def _eval_due(self) -> bool:
-        if self.step == self.total_steps:
-            return True
-        if self.tcfg.eval_every is not None:
-            return self.step % self.tcfg.eval_every == 0
-        return self.steps_per_epoch is not None and self.step % self.steps_per_epoch == 0  # None: at the end
-
     def _log_train(self, window: list[dict[str, float]], clock: Throughput, bar: ProgressBar | None) -> None:
-        record = {"step": self.step, "epoch": self.step / self.steps_per_epoch if self.steps_per_epoch else None,
-                  **window_record(window, clock)}
-        eta = (self.total_steps - self.step) * record.pop("_seconds_per_step")
+        record, eta = train_record(window, clock, self.step, self.steps_per_epoch, self.total_steps)
         record.update(self.precision.log_record())
-        record.update(items_seen=self.progress["items_seen"], time=self._wall_time())
+        record.update(items_seen=self.counts.items_seen, time=self.counts.wall_time())
         self.log.metrics(record)
         self.log.echo(train_line(record, self.total_steps, eta), console=bar is None)
         if bar is not None:

@@ -22,11 +22,22 @@ def _module_name(path: Path, root: Path, package: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """Ids of the import nodes under ``if TYPE_CHECKING:`` (annotations only, never run)."""
+    return {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+            and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+            for stmt in block.body for node in ast.walk(stmt)}
+
+
 def _imports(path: Path, known: set[str]) -> set[str]:
-    """The ``tk.*`` modules ``path`` imports, anywhere in the file (``from a import b`` counts
-    as ``a.b`` when that is a module)."""
+    """The ``tk.*`` modules ``path`` imports, anywhere in the file but under ``if TYPE_CHECKING:``
+    (``from a import b`` counts as ``a.b`` when that is a module)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tk."):
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tk.core.engine.precision import LossScaling, Precision, check_precision
+from tk.core.engine.update import apply_update
 from tk.core.errors import TkError
 
 
@@ -45,7 +46,7 @@ def test_fp32_update_is_scale_clip_step_as_torch_does_it(max_norm):
     loss = model(x).pow(2).sum()
     p.backward(loss)
     grads = [q.grad for q in model.parameters()]
-    update = p.apply_update(opt, grads, loss.detach(), scale=0.125, max_norm=max_norm, extras=[torch.tensor(3.0)])
+    update = apply_update(p, opt, grads, loss.detach(), scale=0.125, max_norm=max_norm, extras=[torch.tensor(3.0)])
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     (ref(x).pow(2).sum() * 0.125).backward()
     norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm if max_norm is not None else float("inf"))
@@ -61,7 +62,7 @@ def test_fp32_update_is_scale_clip_step_as_torch_does_it(max_norm):
 
 def test_an_update_without_gradients_steps_nothing_and_reports_a_zero_norm():
     model, opt, _ = _setup()
-    update = Precision("fp32", "cpu").apply_update(opt, [], torch.tensor(2.0), scale=0.5, max_norm=1.0)
+    update = apply_update(Precision("fp32", "cpu"), opt, [], torch.tensor(2.0), scale=0.5, max_norm=1.0)
     assert update.took_step and update.grad_norm == 0.0 and update.loss == 2.0
 
 
@@ -72,7 +73,7 @@ def test_fp32_update_skips_a_nan_gradient_and_says_why():
     p.backward(loss)
     model.weight.grad[0, 0] = float("nan")
     before = model.weight.detach().clone()
-    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach(), max_norm=1.0)
+    update = apply_update(p, opt, [q.grad for q in model.parameters()], loss.detach(), max_norm=1.0)
     assert not update.took_step and update.skipped_because == "non-finite"
     assert torch.equal(model.weight, before)
     assert torch.isnan(model.weight.grad[0, 0]) and torch.isfinite(model.bias.grad).all()  # the culprit stays findable
@@ -118,13 +119,13 @@ def test_precision_delegates_to_loss_scaling():
     loss = model(x).sum()
     p.backward(loss)
     model.weight.grad[0, 0] = float("inf")  # an overflow from a finite loss: the scaler's business
-    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach())
+    update = apply_update(p, opt, [q.grad for q in model.parameters()], loss.detach())
     assert not update.took_step and update.skipped_because == "overflow"
     assert p.skipped_steps == 1 and p.log_record() == {"loss_scale": 4.0}
     opt.zero_grad()
     loss = model(x).sum() * float("nan")
     p.backward(loss)
-    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach())
+    update = apply_update(p, opt, [q.grad for q in model.parameters()], loss.detach())
     assert update.skipped_because == "non-finite" and p.skipped_steps == 2
     state = p.state_dict()
     assert state["precision"] == "fp32" and state["scaler"]["scale"] == 2.0
@@ -143,7 +144,7 @@ def test_fp16_cuda_step_finite():
         loss = out.float().pow(2).mean()
     p.backward(loss)
     before = model.weight.detach().clone()
-    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach(), max_norm=1.0)
+    update = apply_update(p, opt, [q.grad for q in model.parameters()], loss.detach(), max_norm=1.0)
     assert update.took_step and update.skipped_because is None
     assert torch.isfinite(model.weight).all() and not torch.equal(model.weight, before)
     assert p.log_record()["loss_scale"] == 65536.0
@@ -158,7 +159,7 @@ def test_loss_scaling_skips_a_non_finite_loss_even_with_finite_gradients():
     before = model.weight.detach().clone()
     loss = model(x).sum()
     p.backward(loss)
-    update = p.apply_update(opt, [q.grad for q in model.parameters()], torch.tensor(float("inf")))
+    update = apply_update(p, opt, [q.grad for q in model.parameters()], torch.tensor(float("inf")))
     assert not update.took_step and update.skipped_because == "non-finite"
     assert torch.equal(model.weight, before) and p.skipped_steps == 1
     assert p.log_record() == {"loss_scale": 16.0}  # no overflow found: the scale grew as usual
@@ -169,6 +170,6 @@ def test_a_cpu_item_count_with_the_loss_elsewhere_is_moved_not_an_error():
     p = Precision("fp32", "cpu")
     loss = model(x).sum()
     loss.backward()
-    update = p.apply_update(opt, [q.grad for q in model.parameters()], loss.detach(),
+    update = apply_update(p, opt, [q.grad for q in model.parameters()], loss.detach(),
                             extras=[torch.tensor(4.0, dtype=torch.float64)])
     assert update.took_step and update.extras == [4.0]
