@@ -54,6 +54,7 @@ class ModelConfig(TransformerConfig):
     depth: int = 2  # encoder layers
     num_heads: int = 4  # attention heads
     mlp_ratio: float = 2.0  # feed-forward width / dim
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # a trained position table (BERT)
     pooling: Literal["cls", "mean", "max"] = "mean"  # sequence vector: "cls" (first token), "mean" or "max" over non-PAD tokens
 
 

@@ -12,6 +12,7 @@ data; padded positions get the tag -100, which the loss and the metric skip.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from tk.core import Accuracy, EvalContext, Metric, StepOutput, Task, TransformerConfig, cross_entropy_sum
@@ -58,6 +59,7 @@ class ModelConfig(TransformerConfig):
     depth: int = 2  # encoder layers
     num_heads: int = 4  # attention heads
     mlp_ratio: float = 2.0  # feed-forward width / dim
+    pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # a trained position table (BERT)
 
 
 def tag_of(tokens: list[int], num_tags: int) -> list[int]:
