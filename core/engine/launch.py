@@ -4,7 +4,8 @@ environment, and multi-process launch through torch's own launcher.
 ``tk run RECIPE --nproc-per-node N`` re-runs itself as
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m tk run RECIPE ...``;
 ``torchrun ... -m tk run RECIPE`` (e.g. on several machines) reaches :func:`run_training`
-with ``WORLD_SIZE`` set, which joins the process group.
+with ``WORLD_SIZE`` set, which joins the process group. ``--resume auto`` lets
+``torchrun --max-restarts N`` restart a preempted job with the same command line.
 torchrun: https://pytorch.org/docs/stable/elastic/run.html
 """
 
@@ -22,7 +23,7 @@ import uuid
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import tk
 from tk.core.distributed import barrier, cleanup, init_distributed
@@ -34,10 +35,11 @@ from tk.core.engine.train import Trainer
 from tk.core.errors import RunError, TkError
 from tk.core.recipe import load_config
 
-__all__ = ["RUN_MARKER", "is_run_dir", "write_run_marker", "check_run_dir", "prepare_run_dir",
-           "set_aside_path", "drop_set_aside", "launch_command", "launch", "run_training"]
+__all__ = ["RUN_MARKER", "FAULT_ENV", "is_run_dir", "write_run_marker", "check_run_dir", "auto_resume_plan",
+           "prepare_run_dir", "set_aside_path", "drop_set_aside", "launch_command", "launch", "run_training"]
 
 RUN_MARKER = ".tk-run"  # written by tk into every run dir it creates; --overwrite deletes nothing else
+FAULT_ENV = "TK_FAULT_AT_STEP"  # for tests only: see _fault_hook
 
 
 def is_run_dir(folder: Path) -> bool:
@@ -90,6 +92,41 @@ def check_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
         raise TkError(f"--overwrite: {str(run_dir)!r} was not made by `tk run` (no {RUN_MARKER} marker); "
                       f"refusing to delete it, choose another output_dir=... (or delete it yourself)")
     return run_dir
+
+
+def auto_resume_plan(output_dir: str) -> Literal["new", "resume", "restart"]:
+    """What ``tk run --resume auto`` does with ``output_dir``, touching nothing.
+
+    Returns:
+        ``"new"``: the dir is absent or empty, a new run starts there.
+        ``"resume"``: it holds a tk run with checkpoints (or exported weights), continued
+        exactly as ``--resume`` does. ``"restart"``: it holds a tk run stopped before its
+        first checkpoint, which is started again as ``--overwrite`` does (the old attempt
+        is kept aside until the new one's first checkpoint, and put back if it fails first).
+
+    Raises:
+        TkError: a non-empty folder that tk did not make (``--resume``'s error), or a
+            path that cannot be a run dir.
+    """
+    run_dir = Path(output_dir)
+    try:
+        occupied = run_dir.is_dir() and any(run_dir.iterdir())
+    except OSError:
+        occupied = True  # unreadable: check_run_dir says why
+    if not occupied:
+        check_run_dir(output_dir, resume=False, overwrite=False)  # a file, a bad name
+        return "new"
+    if is_run_dir(run_dir) and not _holds_results(run_dir):
+        return "restart"
+    check_run_dir(output_dir, resume=True, overwrite=False)
+    return "resume"
+
+
+def _holds_results(run_dir: Path) -> bool:
+    """Whether a run dir holds work that starting again would throw away: a checkpoint,
+    even a damaged one (``--resume`` then says what to do), or exported weights (a
+    finished run whose checkpoints were deleted to save space)."""
+    return any((run_dir / "checkpoints").rglob("*.pt")) or any(run_dir.glob("*.safetensors"))
 
 
 def prepare_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
@@ -175,7 +212,8 @@ def _world_size() -> int:
 
 def _on_main_first(dist, fn: Callable[[], object]) -> object:
     """Run ``fn`` on rank 0 while the other ranks wait; a TkError there is raised on
-    every rank (so none hangs at a collective). Returns ``fn()``'s result on rank 0."""
+    every rank (so none hangs at a collective). Returns ``fn()``'s result on every rank
+    (a decision rank 0 took, e.g. what ``--resume auto`` does, before anyone wrote)."""
     error, result = None, None
     if dist is None or dist.rank == 0:
         try:
@@ -185,9 +223,9 @@ def _on_main_first(dist, fn: Callable[[], object]) -> object:
     if dist is not None:
         import torch.distributed
 
-        box = [error]
+        box = [error, result]
         torch.distributed.broadcast_object_list(box, src=0)
-        error = box[0]
+        error, result = box
     if error is not None:
         raise TkError(error)
     return result
@@ -224,12 +262,15 @@ def _discard_new_run(run_dir: Path, existed: bool) -> None:
             child.unlink(missing_ok=True)
 
 
-def run_training(recipe: str, overrides: list[str], resume: bool = False, overwrite: bool = False,
+def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto"] = False, overwrite: bool = False,
                  echo: Callable[[str], None] = print, resume_from: str | None = None) -> dict[str, float]:
     """``tk run``: load the recipe, prepare the run dir (rank 0), train, return the last
     evaluation. Inside torchrun (``WORLD_SIZE > 1``) every process calls this.
 
     Args:
+        resume: continue the run in ``output_dir``; ``"auto"``: continue it if there is
+            one, else start one (see :func:`auto_resume_plan`). Rank 0 decides before
+            any process writes, and tells the others.
         resume_from: continue from this checkpoint file instead of the run dir's
             ``checkpoints/last.pt`` (implies ``resume``).
 
@@ -238,7 +279,12 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         RunError: a problem found after training started (one line; exit code 1).
         tk.core.engine.train.TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved.
     """
+    auto = resume == "auto"
+    if auto and (overwrite or resume_from is not None):
+        raise TkError(f"--resume auto and {'--overwrite' if overwrite else '--resume-from'} exclude each other; "
+                      f"pick one")
     resume = resume or resume_from is not None
+    fault = _fault_hook()
     cfg, task_cls = load_config(recipe, list(overrides))
     dist = _init_distributed(cfg.train.device)
     try:
@@ -253,23 +299,27 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         is_main = dist is None or dist.rank == 0
         existed = _exists(Path(cfg.output_dir))
 
-        def prepare() -> Path:
-            run_dir = prepare_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
+        def prepare() -> tuple[Path, bool]:
+            plan = auto_resume_plan(cfg.output_dir) if auto else None
+            resuming = plan == "resume" if auto else bool(resume)
+            run_dir = prepare_run_dir(cfg.output_dir, resume=resuming, overwrite=overwrite or plan == "restart")
             try:
-                if not resume:
+                if not resuming:
                     write_run_marker(run_dir)
                     (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
             except OSError as e:
                 _discard_new_run(run_dir, existed)
                 raise _unusable(run_dir, e) from e
-            return run_dir
+            if plan is not None:
+                echo(_AUTO_SAYS[plan].format(run_dir=run_dir, aside=set_aside_path(run_dir)))
+            return run_dir, resuming
 
-        run_dir = _on_main_first(dist, prepare) or Path(cfg.output_dir)
+        run_dir, resume = _on_main_first(dist, prepare)
         if is_main:
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
         command = shlex.join(["tk", "run", str(recipe), *overrides])
-        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command)
+        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault)
         if dist is not None:  # leave together: a rank tearing gloo down while a peer still uses it can abort
             barrier()
         return results
@@ -278,10 +328,44 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
             cleanup()
 
 
+_AUTO_SAYS = {
+    "new": "--resume auto: no previous run in {run_dir}; starting a new one",
+    "resume": "--resume auto: continuing the run in {run_dir} from its last checkpoint",
+    "restart": "--resume auto: the run in {run_dir} stopped before its first checkpoint; starting it again "
+               "(its files are kept in {aside} until the new run's first checkpoint)",
+}
+
+
+def _fault_hook() -> Callable[[Path], None] | None:
+    """For tests of restarts: with ``TK_FAULT_AT_STEP=N`` set, the process ends abruptly
+    (``os._exit(1)``: no clean-up, no further save, as a preempted one would) right after
+    the checkpoint of update N is saved (by rank 0, which saves them); only in a job's first attempt (torchrun's
+    ``TORCHELASTIC_RESTART_COUNT`` unset or 0), so that a restarted job runs to the end.
+    None when the variable is unset or the job was restarted.
+
+    Raises:
+        TkError: the variable is not a positive integer.
+    """
+    value = os.environ.get(FAULT_ENV, "")
+    if not value or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise TkError(f"environment variable {FAULT_ENV} must be a positive integer (an update), got {value!r}")
+    at = int(value)
+
+    def fault(path: Path) -> None:
+        if path.name == f"step_{at:08d}.pt":
+            os.write(2, f"{FAULT_ENV}={at}: exiting abruptly after the checkpoint of step {at}\n".encode())
+            os._exit(1)
+
+    return fault
+
+
 def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | None, existed: bool,
-           command: str) -> dict[str, float]:
+           command: str, fault: Callable[[Path], None] | None = None) -> dict[str, float]:
     """Build the trainer and fit; until the first checkpoint, any failure puts back
-    the run that ``--overwrite`` set aside (and discards the new one)."""
+    the run that ``--overwrite`` set aside (and discards the new one). ``fault``: the
+    save hook of :func:`_fault_hook`, if any."""
     is_main = dist is None or dist.rank == 0
     trainer, fitting = None, False
     # the run --overwrite set aside: kept (and put back on failure) until the first checkpoint
@@ -307,6 +391,8 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
         if is_main and trainer.checkpoints is not None:
             trainer.checkpoints.add_save_hook(on_save)
             trainer.save_on_failure = lambda: not aside_kept
+            if fault is not None:
+                trainer.checkpoints.add_save_hook(fault)
         fitting = True
         results = trainer.fit()
     except BaseException as e:
