@@ -132,10 +132,33 @@ def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"{cfg.source}: ok (task {cfg.task})")
 
 
-@cli.command("run")
+class RunCommand(click.Command):
+    """``tk run``: reads ``--resume auto`` (or ``--resume=auto``) as one option. An option
+    with an optional value would take the next word, e.g. an override, as its value, so
+    ``--resume`` stays a flag and the two words become the hidden flag ``--resume-auto``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        joined, i = [], 0
+        while i < len(args):
+            if args[i] == "--":  # what follows is positional
+                joined += args[i:]
+                break
+            if args[i] == "--resume=auto" or (args[i] == "--resume" and args[i + 1:i + 2] == ["auto"]):
+                joined.append("--resume-auto")
+                i += 1 if "=" in args[i] else 2
+                continue
+            joined.append(args[i])
+            i += 1
+        return super().parse_args(ctx, joined)
+
+
+@cli.command("run", cls=RunCommand)
 @recipe_argument
 @overrides_argument
-@click.option("--resume", is_flag=True, help="Continue the run in output_dir from its last checkpoint.")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in output_dir from its last checkpoint. `--resume auto`: continue it if "
+                   "there is one, else start a new run (a job that torchrun --max-restarts restarts).")
+@click.option("--resume-auto", is_flag=True, hidden=True)  # what `--resume auto` becomes (see RunCommand)
 @click.option("--resume-from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Like --resume, but continue from this checkpoint file (e.g. a step_*.pt).")
 @click.option("--overwrite", is_flag=True,
@@ -144,28 +167,36 @@ def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
               help="Train in N processes on this machine (DDP through torchrun; one per GPU).")
 @debug_option
 @click.pass_context
-def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume: bool, resume_from: str | None,
-            overwrite: bool, nproc_per_node: int | None) -> None:
+def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume: bool, resume_auto: bool,
+            resume_from: str | None, overwrite: bool, nproc_per_node: int | None) -> None:
     """Train a recipe: a file path or a built-in recipe name, plus key.sub=value overrides.
 
     SIGINT (Ctrl-C) or SIGTERM stops after the current update and saves a checkpoint
     (exit code 130 / 143); `--resume` continues exactly where it stopped.
+    `--resume auto` continues the run in output_dir if it has a checkpoint, and starts
+    one if the dir is empty or absent (or holds a run stopped before its first checkpoint).
     """
-    from tk.core.engine.launch import check_run_dir, launch, run_training
+    from tk.core.engine.launch import auto_resume_plan, check_run_dir, launch, run_training
     from tk.core.engine.signals import TrainingInterrupted
 
+    if resume_auto and (resume or overwrite or resume_from):
+        raise click.UsageError("--resume auto excludes --resume, --resume-from and --overwrite; pick one")
     if nproc_per_node and nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         from tk.core.recipe import load_config
 
         cfg, _ = load_config(recipe, list(overrides))  # config problems: exit 2 before launching
-        check_run_dir(cfg.output_dir, resume=resume or bool(resume_from), overwrite=overwrite)
-        flags = ["--resume"] * resume + ["--overwrite"] * overwrite + ["--debug"] * debug_requested(ctx)
-        flags += ["--resume-from", resume_from] if resume_from else []
+        if resume_auto:
+            auto_resume_plan(cfg.output_dir)  # a foreign folder: exit 2 before launching
+        else:
+            check_run_dir(cfg.output_dir, resume=resume or bool(resume_from), overwrite=overwrite)
+        flags = ["--resume"] * resume + ["--resume", "auto"] * resume_auto + ["--overwrite"] * overwrite
+        flags += ["--debug"] * debug_requested(ctx) + (["--resume-from", resume_from] if resume_from else [])
         ctx.exit(launch(nproc_per_node, ["run", recipe, *overrides, *flags]))
     main = int(os.environ.get("RANK", "0")) == 0
     try:
-        results = run_training(recipe, list(overrides), resume=resume, overwrite=overwrite,
-                               echo=click.echo if main else (lambda _m: None), resume_from=resume_from)
+        results = run_training(recipe, list(overrides), resume="auto" if resume_auto else resume,
+                               overwrite=overwrite, echo=click.echo if main else (lambda _m: None),
+                               resume_from=resume_from)
     except TrainingInterrupted as e:
         if main:
             click.echo(str(e), err=True)

@@ -20,12 +20,12 @@ from typing import Any
 import yaml
 
 from tk.core.engine.loggers import read_records, scalars
+from tk.core.engine.run_dir import RUN_MARKER
 from tk.core.engine.runlog import STATUS_FILE, format_duration
 from tk.core.errors import TkError
 
 __all__ = ["find_runs", "describe_run", "list_runs", "format_runs"]
 
-RUN_MARKER = ".tk-run"  # = tk.core.engine.launch.RUN_MARKER (not imported: launch pulls in the trainer)
 MAX_DEPTH = 4  # run dirs are looked for this many folders below DIR
 
 

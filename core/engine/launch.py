@@ -4,133 +4,47 @@ environment, and multi-process launch through torch's own launcher.
 ``tk run RECIPE --nproc-per-node N`` re-runs itself as
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m tk run RECIPE ...``;
 ``torchrun ... -m tk run RECIPE`` (e.g. on several machines) reaches :func:`run_training`
-with ``WORLD_SIZE`` set, which joins the process group.
+with ``WORLD_SIZE`` set, which joins the process group. ``--resume auto`` lets
+``torchrun --max-restarts N`` restart a preempted job with the same command line.
 torchrun: https://pytorch.org/docs/stable/elastic/run.html
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import uuid
-import warnings
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
-import tk
 from tk.core.distributed import barrier, cleanup, init_distributed
 from tk.core.engine.checkpoint import CheckpointReadError, intact_checkpoints
 from tk.core.engine.device import check_logger_packages, preflight
 from tk.core.engine.precision import check_precision
+from tk.core.engine.run_dir import (
+    RUN_MARKER,
+    auto_resume_plan,
+    check_run_dir,
+    drop_set_aside,
+    is_run_dir,
+    prepare_run_dir,
+    set_aside_path,
+    unusable_dir,
+    write_run_marker,
+)
 from tk.core.engine.signals import TrainingInterrupted
 from tk.core.engine.train import Trainer
 from tk.core.errors import RunError, TkError
 from tk.core.recipe import load_config
 
-__all__ = ["RUN_MARKER", "is_run_dir", "write_run_marker", "check_run_dir", "prepare_run_dir",
-           "set_aside_path", "drop_set_aside", "launch_command", "launch", "run_training"]
+__all__ = ["RUN_MARKER", "FAULT_ENV", "is_run_dir", "write_run_marker", "check_run_dir", "auto_resume_plan",
+           "prepare_run_dir", "set_aside_path", "drop_set_aside", "launch_command", "launch", "run_training"]
 
-RUN_MARKER = ".tk-run"  # written by tk into every run dir it creates; --overwrite deletes nothing else
-
-
-def is_run_dir(folder: Path) -> bool:
-    """Whether ``folder`` is a run dir that tk created (it holds :data:`RUN_MARKER`)."""
-    try:
-        return json.loads((folder / RUN_MARKER).read_text(encoding="utf-8")).get("tk_run") is True
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def write_run_marker(run_dir: Path) -> None:
-    """Mark ``run_dir`` as tk's own: a small JSON with the run's id, tk's version and
-    the time it was created."""
-    marker = {"tk_run": True, "run_id": uuid.uuid4().hex, "tk_version": tk.__version__,
-              "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    (run_dir / RUN_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
-
-
-def _unusable(run_dir: Path, e: OSError) -> TkError:
-    why = e.strerror or type(e).__name__
-    return TkError(f"output_dir {str(run_dir)!r} cannot be used: {why}; choose another output_dir=...")
-
-
-def check_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
-    """The checks of :func:`prepare_run_dir`, touching nothing.
-
-    Raises:
-        TkError: the dir holds files and neither flag is given; --resume without a
-            previous run; --overwrite of a folder that tk did not create (no
-            :data:`RUN_MARKER`); or the path cannot be a directory.
-    """
-    run_dir = Path(output_dir)
-    if resume and overwrite:
-        raise TkError("--resume and --overwrite exclude each other; pick one")
-    try:
-        if run_dir.exists() and not run_dir.is_dir():
-            raise TkError(f"output_dir {str(run_dir)!r} is a file, not a directory; choose another output_dir=...")
-        occupied = run_dir.exists() and any(run_dir.iterdir())
-    except OSError as e:  # a name too long, a parent that is a file, no permission
-        raise _unusable(run_dir, e) from e
-    if resume and not occupied:
-        raise TkError(f"--resume: {str(run_dir)!r} holds no previous run; drop --resume to start one")
-    if resume and not is_run_dir(run_dir) and not (run_dir / "checkpoints").is_dir():
-        raise TkError(f"--resume: {str(run_dir)!r} holds no tk run (no {RUN_MARKER} marker, no checkpoints/); "
-                      f"set output_dir= to the run to continue")
-    if not resume and occupied and not overwrite:
-        raise TkError(f"output_dir {str(run_dir)!r} is not empty (a previous run?); pass --resume to "
-                      f"continue it, --overwrite to replace it, or set output_dir=<new dir>")
-    if not resume and occupied and overwrite and not is_run_dir(run_dir):
-        raise TkError(f"--overwrite: {str(run_dir)!r} was not made by `tk run` (no {RUN_MARKER} marker); "
-                      f"refusing to delete it, choose another output_dir=... (or delete it yourself)")
-    return run_dir
-
-
-def prepare_run_dir(output_dir: str, resume: bool, overwrite: bool) -> Path:
-    """Make sure a run never silently overwrites a previous one; create the dir.
-
-    With ``--overwrite`` the previous run is moved to :func:`set_aside_path`; it is
-    deleted by :func:`drop_set_aside` once the new run has saved its first checkpoint,
-    and put back if the new run fails before that.
-
-    Raises:
-        TkError: see :func:`check_run_dir`; or the dir cannot be created.
-    """
-    run_dir = check_run_dir(output_dir, resume, overwrite)
-    try:
-        if not resume and overwrite and run_dir.exists() and any(run_dir.iterdir()):
-            aside = set_aside_path(run_dir)
-            if aside.exists():  # left by an earlier --overwrite that was killed before it could clean up
-                if any((run_dir / "checkpoints").glob("step_*.pt")):
-                    shutil.rmtree(aside)  # that run got as far as a checkpoint: the set-aside one is older
-                else:
-                    shutil.rmtree(run_dir)  # it saved nothing: the set-aside run is still the last complete one
-            if run_dir.exists():
-                run_dir.rename(aside)
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise _unusable(run_dir, e) from e
-    return run_dir
-
-
-def set_aside_path(run_dir: Path) -> Path:
-    """Where ``--overwrite`` keeps the previous run until the new one has saved a checkpoint."""
-    return run_dir.parent / f".{run_dir.name}.tk-overwritten"
-
-
-def drop_set_aside(run_dir: Path) -> None:
-    """Delete the run that ``--overwrite`` set aside (no-op if there is none): called
-    once the new run has written its first checkpoint."""
-    aside = set_aside_path(run_dir)
-    shutil.rmtree(aside, ignore_errors=True)
-    if aside.exists():
-        warnings.warn(f"could not delete the overwritten run {aside}; delete it by hand", stacklevel=2)
+FAULT_ENV = "TK_FAULT_AT_STEP"  # for tests only: see _fault_hook
 
 
 def launch_command(nproc_per_node: int, tk_args: list[str]) -> list[str]:
@@ -175,7 +89,8 @@ def _world_size() -> int:
 
 def _on_main_first(dist, fn: Callable[[], object]) -> object:
     """Run ``fn`` on rank 0 while the other ranks wait; a TkError there is raised on
-    every rank (so none hangs at a collective). Returns ``fn()``'s result on rank 0."""
+    every rank (so none hangs at a collective). Returns ``fn()``'s result on every rank
+    (a decision rank 0 took, e.g. what ``--resume auto`` does, before anyone wrote)."""
     error, result = None, None
     if dist is None or dist.rank == 0:
         try:
@@ -185,9 +100,9 @@ def _on_main_first(dist, fn: Callable[[], object]) -> object:
     if dist is not None:
         import torch.distributed
 
-        box = [error]
+        box = [error, result]
         torch.distributed.broadcast_object_list(box, src=0)
-        error = box[0]
+        error, result = box
     if error is not None:
         raise TkError(error)
     return result
@@ -224,12 +139,15 @@ def _discard_new_run(run_dir: Path, existed: bool) -> None:
             child.unlink(missing_ok=True)
 
 
-def run_training(recipe: str, overrides: list[str], resume: bool = False, overwrite: bool = False,
+def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto"] = False, overwrite: bool = False,
                  echo: Callable[[str], None] = print, resume_from: str | None = None) -> dict[str, float]:
     """``tk run``: load the recipe, prepare the run dir (rank 0), train, return the last
     evaluation. Inside torchrun (``WORLD_SIZE > 1``) every process calls this.
 
     Args:
+        resume: continue the run in ``output_dir``; ``"auto"``: continue it if there is
+            one, else start one (see :func:`auto_resume_plan`). Rank 0 decides before
+            any process writes, and tells the others.
         resume_from: continue from this checkpoint file instead of the run dir's
             ``checkpoints/last.pt`` (implies ``resume``).
 
@@ -238,7 +156,12 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         RunError: a problem found after training started (one line; exit code 1).
         tk.core.engine.train.TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved.
     """
+    auto = resume == "auto"
+    if auto and (overwrite or resume_from is not None):
+        raise TkError(f"--resume auto and {'--overwrite' if overwrite else '--resume-from'} exclude each other; "
+                      f"pick one")
     resume = resume or resume_from is not None
+    fault = _fault_hook()
     cfg, task_cls = load_config(recipe, list(overrides))
     dist = _init_distributed(cfg.train.device)
     try:
@@ -253,23 +176,27 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
         is_main = dist is None or dist.rank == 0
         existed = _exists(Path(cfg.output_dir))
 
-        def prepare() -> Path:
-            run_dir = prepare_run_dir(cfg.output_dir, resume=resume, overwrite=overwrite)
+        def prepare() -> tuple[Path, bool]:
+            plan = auto_resume_plan(cfg.output_dir) if auto else None
+            resuming = plan == "resume" if auto else bool(resume)
+            run_dir = prepare_run_dir(cfg.output_dir, resume=resuming, overwrite=overwrite or plan == "restart")
             try:
-                if not resume:
+                if not resuming:
                     write_run_marker(run_dir)
                     (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
             except OSError as e:
                 _discard_new_run(run_dir, existed)
-                raise _unusable(run_dir, e) from e
-            return run_dir
+                raise unusable_dir(run_dir, e) from e
+            if plan is not None:
+                echo(_AUTO_SAYS[plan].format(run_dir=run_dir, aside=set_aside_path(run_dir)))
+            return run_dir, resuming
 
-        run_dir = _on_main_first(dist, prepare) or Path(cfg.output_dir)
+        run_dir, resume = _on_main_first(dist, prepare)
         if is_main:
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
         command = shlex.join(["tk", "run", str(recipe), *overrides])
-        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command)
+        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault)
         if dist is not None:  # leave together: a rank tearing gloo down while a peer still uses it can abort
             barrier()
         return results
@@ -278,10 +205,44 @@ def run_training(recipe: str, overrides: list[str], resume: bool = False, overwr
             cleanup()
 
 
+_AUTO_SAYS = {
+    "new": "--resume auto: no previous run in {run_dir}; starting a new one",
+    "resume": "--resume auto: continuing the run in {run_dir} from its last checkpoint",
+    "restart": "--resume auto: the run in {run_dir} stopped before its first checkpoint; starting it again "
+               "(its files are kept in {aside} until the new run's first checkpoint)",
+}
+
+
+def _fault_hook() -> Callable[[Path], None] | None:
+    """For tests of restarts: with ``TK_FAULT_AT_STEP=N`` set, the process ends abruptly
+    (``os._exit(1)``: no clean-up, no further save, as a preempted one would) right after
+    the checkpoint of update N is saved (by rank 0, which saves them); only in a job's first attempt (torchrun's
+    ``TORCHELASTIC_RESTART_COUNT`` unset or 0), so that a restarted job runs to the end.
+    None when the variable is unset or the job was restarted.
+
+    Raises:
+        TkError: the variable is not a positive integer.
+    """
+    value = os.environ.get(FAULT_ENV, "")
+    if not value or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise TkError(f"environment variable {FAULT_ENV} must be a positive integer (an update), got {value!r}")
+    at = int(value)
+
+    def fault(path: Path) -> None:
+        if path.name == f"step_{at:08d}.pt":
+            os.write(2, f"{FAULT_ENV}={at}: exiting abruptly after the checkpoint of step {at}\n".encode())
+            os._exit(1)
+
+    return fault
+
+
 def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | None, existed: bool,
-           command: str) -> dict[str, float]:
+           command: str, fault: Callable[[Path], None] | None = None) -> dict[str, float]:
     """Build the trainer and fit; until the first checkpoint, any failure puts back
-    the run that ``--overwrite`` set aside (and discards the new one)."""
+    the run that ``--overwrite`` set aside (and discards the new one). ``fault``: the
+    save hook of :func:`_fault_hook`, if any."""
     is_main = dist is None or dist.rank == 0
     trainer, fitting = None, False
     # the run --overwrite set aside: kept (and put back on failure) until the first checkpoint
@@ -307,6 +268,8 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
         if is_main and trainer.checkpoints is not None:
             trainer.checkpoints.add_save_hook(on_save)
             trainer.save_on_failure = lambda: not aside_kept
+            if fault is not None:
+                trainer.checkpoints.add_save_hook(fault)
         fitting = True
         results = trainer.fit()
     except BaseException as e:

@@ -1,6 +1,7 @@
 """Exact resume: a run killed with SIGKILL, or stopped with SIGTERM, and resumed with
 `tk run --resume` logs the same per-step losses and ends with the same weights (and EMA)
-as an uninterrupted run; checkpoints of another model are refused by name."""
+as an uninterrupted run; checkpoints of another model are refused by name. `--resume auto`
+starts, continues or starts again as the run dir requires (TK_FAULT_AT_STEP stops a run)."""
 
 import json
 import os
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 
 from tk.core.cli import cli
 from tk.core.engine.checkpoint import load_checkpoint
+from tk.core.engine.launch import set_aside_path, write_run_marker
 from tk.core.engine.signals import TrainingInterrupted
 from tk.core.engine.train import Trainer
 from tk.core.recipe import load_config
@@ -154,3 +156,55 @@ def test_resume_with_another_model_names_the_mismatch(env):
     assert "shape mismatch" in result.stderr and "0.weight: checkpoint (16, 32) vs model (16, 64)" in result.stderr
     assert "model.hidden: 32 -> 64" in result.stderr
     assert {p: p.read_bytes() for p in env["reference"].rglob("*") if p.is_file()} == before
+
+
+# -- tk run --resume auto (a job that torchrun --max-restarts restarts with the same command) --
+def run_auto(env, run_dir: Path) -> str:
+    result = CliRunner().invoke(cli, ["run", str(env["recipe"]), f"output_dir={run_dir}", "--resume", "auto"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_resume_auto_starts_a_run_in_an_absent_or_empty_dir(env):
+    absent, empty = env["root"] / "auto_absent", env["root"] / "auto_empty"
+    empty.mkdir()
+    for run_dir in (absent, empty):
+        assert "--resume auto: no previous run" in run_auto(env, run_dir)
+        assert_same_run(run_dir, env["reference"])
+
+
+def test_resume_auto_continues_a_run_stopped_by_a_fault_exactly(env):
+    run_dir = env["root"] / "auto_fault"
+    proc = subprocess.run([TK, "run", str(env["recipe"]), f"output_dir={run_dir}", "--resume", "auto"],
+                          env={**os.environ, "PYTHONPATH": str(env["site"]), "TK_FAULT_AT_STEP": "7"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "TK_FAULT_AT_STEP=7: exiting abruptly" in proc.stderr, proc.stderr
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 7
+    assert "--resume auto: continuing the run" in run_auto(env, run_dir)
+    assert_same_run(run_dir, env["reference"])
+    # the job restarted once more after it finished: nothing left to do
+    assert "already reached its last step" in run_auto(env, run_dir)
+    assert_same_run(run_dir, env["reference"])
+
+
+def test_resume_auto_starts_again_a_run_stopped_before_its_first_checkpoint(env):
+    run_dir = env["root"] / "auto_no_checkpoint"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    write_run_marker(run_dir)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
+    (run_dir / "checkpoints" / ".last.pt.x.tmp").write_bytes(b"torn")  # killed during its first save
+    assert "stopped before its first checkpoint; starting it again" in run_auto(env, run_dir)
+    assert_same_run(run_dir, env["reference"])
+    assert not set_aside_path(run_dir).exists()  # dropped once the new run saved a checkpoint
+
+
+def test_resume_auto_keeps_a_run_with_weights_but_no_checkpoint(env):
+    run_dir = env["root"] / "auto_weights_only"  # a finished run whose checkpoints were deleted
+    run_dir.mkdir()
+    write_run_marker(run_dir)
+    (run_dir / "model.safetensors").write_bytes(b"weights")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*")}
+    result = CliRunner().invoke(cli, ["run", str(env["recipe"]), f"output_dir={run_dir}", "--resume", "auto"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert {p: p.read_bytes() for p in run_dir.rglob("*")} == before
