@@ -99,6 +99,7 @@ def test_vit_to_timm_matches_tk_logits(vit_run):
     assert "timm.create_model(" in (out / "README.md").read_text()
 
 
+@pytest.mark.slow  # ~1 min: two traces per format
 @pytest.mark.parametrize("fmt", ["torch-export", "onnx"])
 def test_graph_exports_match_eager_at_two_batch_sizes(textcls_run, vit_run, fmt):
     if fmt == "onnx":
