@@ -59,9 +59,11 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7.4", "transformers>=4.40", "tensorboard>=2.14"],  # tensorboard: the logger tests read its event files
+        "test": ["pytest>=7.4", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",
+                 "onnxruntime>=1.18"],  # tensorboard: the logger tests read its event files; onnx*: tk export
         "tensorboard": ["tensorboard>=2.14"],  # train.loggers: [tensorboard]
         "wandb": ["wandb>=0.17"],  # train.loggers: [wandb]
+        "onnx": ["onnx>=1.16", "onnxscript>=0.2"],  # tk export --format onnx
     },
     entry_points={
         "console_scripts": ["tk = tk.core.cli:main"],

@@ -177,6 +177,13 @@ class Task:
         """
         raise NotImplementedError(f"task {self.name!r} does not support prediction")
 
+    def example_inputs(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Optional: keyword arguments of ``model.forward`` for ``tk export --format
+        torch-export|onnx`` (a batch of 2, on the CPU). Dim 0 of each tensor is exported as a
+        dynamic batch; a 2-D integer tensor (token ids) also gets a dynamic dim 1. None (the
+        default): the model cannot be exported as a graph."""
+        return None
+
     @classmethod
     def describe(cls) -> str:
         """One line for ``tk list``: the first line of the class docstring."""

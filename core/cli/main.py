@@ -1,5 +1,5 @@
 """The ``tk`` command line: run, list, info, config, validate, summary, eval, average, predict,
-new-task (plus plugin commands from the ``tk.commands`` entry-point group).
+export, new-task (plus plugin commands from the ``tk.commands`` entry-point group).
 
 Exit codes: 0 success; 2 usage or config error (one line, nothing on disk touched);
 1 failure during a run (one line; the full traceback with ``--debug``).
@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 import tk
+from tk.core.cli.export_cmd import export_cmd
 from tk.core.cli.group import CliGroup, debug_option, debug_requested
 from tk.core.cli.plugin_commands import describe_command
 from tk.core.errors import TkError
@@ -384,6 +385,9 @@ def runs_cmd(folder: str, as_json: bool, sort_metric: str | None) -> None:
 
     runs = list_runs(folder, sort=sort_metric)
     click.echo(json.dumps(runs) if as_json else format_runs(runs, folder))
+
+
+cli.add_command(export_cmd)
 
 
 def main() -> None:

@@ -28,7 +28,8 @@ from tk.core.recipe import load_config
 from tk.core.step import EvalContext
 from tk.core.task import Task
 
-__all__ = ["average_run", "evaluate_run", "load_run", "predict_run", "resolve_checkpoint", "step_checkpoints"]
+__all__ = ["average_run", "evaluate_run", "load_run", "load_run_source", "predict_run", "resolve_checkpoint",
+           "step_checkpoints"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -139,6 +140,22 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str]
                           f"pass 1..{len(found)} (keep more with train.keep_last)")
         load_model_state(model, average_checkpoints([p for _, p in found[-average_last:]]))
     return task, model
+
+
+def load_run_source(run_dir: str | Path, checkpoint: str = "best", overrides: list[str] = (),
+                    ema: bool | None = None) -> tuple[Task, nn.Module, dict[str, Any]]:
+    """:func:`load_run` plus where the weights came from (for ``tk export``'s model card).
+
+    Returns:
+        ``(task, model, {"checkpoint": path, "step": int | None, "ema": bool})``.
+
+    Raises:
+        TkError: see :func:`load_run`.
+    """
+    run_dir = Path(run_dir)
+    saved = _open_run(run_dir, checkpoint, list(overrides), ema, None)
+    task, model, _ = _assemble_saved(run_dir, saved, "predict")
+    return task, model, {"checkpoint": str(saved.source), "step": saved.state.get("step"), "ema": saved.ema}
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: str = "best", split: str = "val",

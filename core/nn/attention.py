@@ -120,7 +120,8 @@ def scaled_dot_product_attention(
         ), None
     # Rows with every key masked: let the kernel see them unmasked, zero their output after.
     fully_masked = mask.all(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
-    if q.device.type == "cpu" and not fully_masked.any():  # no device sync to fear on CPU
+    # no device sync to fear on CPU; a graph (torch.export/compile) cannot branch on the data
+    if q.device.type == "cpu" and not torch.compiler.is_compiling() and not fully_masked.any():
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=scale, **extra
         ), None

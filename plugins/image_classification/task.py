@@ -228,6 +228,10 @@ class ImageClassificationTask(Task):
     def build_model(self) -> nn.Module:
         return build_classifier(self.model_cfg, self.num_classes, self.data.img_size)
 
+    def example_inputs(self, model: nn.Module) -> dict[str, Any]:
+        """``tk export``: two random images of the run's input size."""
+        return {"x": torch.randn(2, 3, self.data.img_size, self.data.img_size)}
+
     def init_pretrained(self, model: nn.Module) -> None:
         """``model.pretrained`` / ``model.pretrained_file``: timm weights into a fresh run's model
         (heads stay new); eval and predict of the finished run load its own weights instead."""

@@ -172,6 +172,10 @@ class LanguageModelTask(Task):
     def build_model(self) -> nn.Module:
         return build_model(self.model_cfg, self.vocab_size)
 
+    def example_inputs(self, model: nn.Module) -> dict[str, Any]:
+        """``tk export``: two random token sequences of 8 ids."""
+        return {"tokens": torch.randint(0, self.vocab_size, (2, 8))}
+
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Next-token cross-entropy in nats, summed over the batch's tokens."""
         logits = model(batch["tokens"])  # (B, T, V)

@@ -206,6 +206,12 @@ class TextClassificationTask(Task):
         encoder = TextEncoder(cfg, vocab, type_vocab_size=types, pad_id=self.pad_id)
         return TextClassifier(encoder, len(self.labels), m.pooling, m.head_dropout)
 
+    def example_inputs(self, model: nn.Module) -> dict[str, Any]:
+        """``tk export``: a padded batch of two tokenised sentences of different lengths."""
+        enc = self.encode(["an example", "a longer example sentence to trace"], None)
+        rows = [{"input_ids": i, "token_types": t} for i, t in zip(enc.ids, enc.type_ids)]
+        return {"input_ids": self.collate(rows)["input_ids"]}
+
     def init_pretrained(self, model: nn.Module) -> None:
         """Fine-tuning: copy ``model.pretrained_dir``'s weights into the encoder (fresh runs only)."""
         if self.model_cfg.pretrained_dir is not None:

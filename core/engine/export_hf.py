@@ -1,0 +1,230 @@
+"""``tk export --format hf``: a trained core model as a Hugging Face ``transformers`` folder.
+
+What maps to what (the inverse of :mod:`tk.core.nn.convert_bert` for the encoder):
+
+- a text classifier (core :class:`TextEncoder` + linear head), BERT-shaped (learned positions,
+  post-norm LayerNorm, GELU/ReLU, biases, [CLS] pooling) -> ``BertForSequenceClassification``;
+- a :class:`DecoderOnlyLM` with learned positions + LayerNorm + GELU/ReLU (pre-norm, biases)
+  -> ``GPT2LMHeadModel``; with rotary positions + RMSNorm + SwiGLU -> ``LlamaForCausalLM``.
+
+Any other shape raises a one-line :class:`TkError` naming the config key and its value.
+The folder is written by hand (``config.json``, ``model.safetensors``): exporting needs no
+``transformers``; loading it does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tk.core.engine.export import export_safetensors
+from tk.core.errors import TkError
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.text_encoder import TextEncoder
+from tk.core.nn.transformer import DecoderOnlyLM
+
+__all__ = ["POOLER_SCALE", "bert_export", "hf_export", "lm_export", "write_hf_folder"]
+
+# BertForSequenceClassification always runs its pooler (dense + tanh) on the [CLS] state; tk's
+# head reads the state itself. dense = s * I and classifier = W / s make tanh(s x) / s = x up to
+# s^2 |x|^3 / 3 (1e-8 |x|^3 here), while W / s stays well inside float16's range.
+POOLER_SCALE = 1e-4
+_SPECIALS = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]",
+             "mask_token": "[MASK]"}
+
+
+def _refuse(key: str, value: Any, target: str, need: str) -> TkError:
+    return TkError(f"--format hf: {key}={value!r} has no {target} counterpart ({need}); "
+                   f"export --format safetensors, torch-export or onnx instead")
+
+
+def _require(cfg: TransformerConfig, target: str, rules: dict[str, tuple[Any, ...]]) -> None:
+    """Raise on the first field of ``cfg`` whose value is not among the allowed ones."""
+    for name, allowed in rules.items():
+        value = cfg.use_final_norm if name == "final_norm" else getattr(cfg, name)
+        if value not in allowed:
+            raise _refuse(f"model.{name}", value, target, f"it needs {' or '.join(map(repr, allowed))}")
+    if cfg.num_kv_heads not in (None, cfg.num_heads) and target != "LlamaForCausalLM":
+        raise _refuse("model.num_kv_heads", cfg.num_kv_heads, target, "it has no grouped-query attention")
+
+
+def _qkv(sd: dict[str, Tensor], prefix: str, cfg: TransformerConfig) -> list[tuple[Tensor, Tensor | None]]:
+    """The stacked ``qkv`` projection of a layer split into (weight, bias) of q, k, v."""
+    head_dim = cfg.dim // cfg.num_heads
+    kv = (cfg.num_kv_heads or cfg.num_heads) * head_dim
+    sizes = [cfg.dim, kv, kv]
+    weights = sd[f"{prefix}.weight"].split(sizes)
+    biases = sd[f"{prefix}.bias"].split(sizes) if f"{prefix}.bias" in sd else [None] * 3
+    return list(zip(weights, biases))
+
+
+# -- BERT ------------------------------------------------------------------------------
+def bert_export(model: nn.Module, labels: list[Any] | None, multi_label: bool = False) -> tuple[dict, dict]:
+    """``(config.json dict, state dict)`` of ``BertForSequenceClassification`` for a tk
+    text classifier (``model.encoder`` a :class:`TextEncoder`, ``model.head`` a linear layer).
+
+    Raises:
+        TkError: a shape BERT cannot express, naming the key and value.
+    """
+    enc: TextEncoder = model.encoder
+    cfg, target = enc.cfg, "BertForSequenceClassification"
+    if model.pooling != "cls":
+        raise _refuse("model.pooling", model.pooling, target, "its classifier reads the [CLS] token")
+    _require(cfg, target, {"pos_encoding": ("learned",), "norm": ("layernorm",), "norm_first": (False,),
+                           "final_norm": (False,), "activation": ("gelu", "relu"), "bias": (True,)})
+    sd = model.state_dict()
+    out = {"bert.embeddings.word_embeddings.weight": sd["encoder.tok_embed.weight"],
+           "bert.embeddings.position_embeddings.weight": sd["encoder.pos_embed.weight"],
+           "bert.embeddings.LayerNorm.weight": sd["encoder.embed_norm.weight"],
+           "bert.embeddings.LayerNorm.bias": sd["encoder.embed_norm.bias"]}
+    # BERT always adds a token-type embedding: one zero row stands for "none"
+    types = sd.get("encoder.type_embed.weight", torch.zeros(1, cfg.dim))
+    out["bert.embeddings.token_type_embeddings.weight"] = types
+    for i in range(cfg.depth):
+        src, dst = f"encoder.encoder.layers.{i}.", f"bert.encoder.layer.{i}."
+        for name, (w, b) in zip(("query", "key", "value"), _qkv(sd, f"{src}self_attn.qkv", cfg)):
+            out[f"{dst}attention.self.{name}.weight"], out[f"{dst}attention.self.{name}.bias"] = w, b
+        for a, b in (("attention.output.dense", "self_attn.proj"), ("attention.output.LayerNorm", "norm1"),
+                     ("intermediate.dense", "mlp.fc1"), ("output.dense", "mlp.fc2"), ("output.LayerNorm", "norm2")):
+            for kind in ("weight", "bias"):
+                out[f"{dst}{a}.{kind}"] = sd[f"{src}{b}.{kind}"]
+    out["bert.pooler.dense.weight"] = torch.eye(cfg.dim) * POOLER_SCALE
+    out["bert.pooler.dense.bias"] = torch.zeros(cfg.dim)
+    out["classifier.weight"] = sd["head.weight"] / POOLER_SCALE
+    out["classifier.bias"] = sd["head.bias"]
+    num_labels = out["classifier.weight"].shape[0]
+    names = [str(x) for x in labels] if labels and len(labels) == num_labels else [f"LABEL_{i}" for i in range(num_labels)]
+    config = {
+        "architectures": [target], "model_type": "bert", "vocab_size": out["bert.embeddings.word_embeddings.weight"].shape[0], "hidden_size": cfg.dim,
+        "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.ffn_dim,
+        "hidden_act": cfg.activation, "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob":
+        cfg.attn_dropout_p, "max_position_embeddings": cfg.max_len, "type_vocab_size": types.shape[0],
+        "layer_norm_eps": cfg.norm_eps, "pad_token_id": enc.pad_id, "position_embedding_type": "absolute",
+        "classifier_dropout": model.drop.p, "id2label": dict(enumerate(names)),
+        "label2id": {n: i for i, n in enumerate(names)}, "torch_dtype": "float32",
+        "problem_type": "multi_label_classification" if multi_label else "single_label_classification",
+    }
+    return config, out
+
+
+# -- decoder-only LMs ------------------------------------------------------------------
+def lm_export(model: DecoderOnlyLM, cfg: TransformerConfig) -> tuple[dict, dict]:
+    """``(config.json dict, state dict)`` of ``GPT2LMHeadModel`` (learned positions) or
+    ``LlamaForCausalLM`` (rotary positions) for a :class:`DecoderOnlyLM` built from ``cfg``.
+
+    Raises:
+        TkError: a shape neither class can express, naming the key and value.
+    """
+    if cfg.pos_encoding == "learned":
+        return _gpt2(model, cfg)
+    if cfg.pos_encoding == "rotary":
+        return _llama(model, cfg)
+    raise _refuse("model.pos_encoding", cfg.pos_encoding, "transformers causal-LM",
+                  "GPT-2 needs 'learned', Llama 'rotary'")
+
+
+def _lm_state(model: DecoderOnlyLM) -> dict[str, Tensor]:
+    """The model's state dict, without ``lm_head.weight`` when it is the tied embedding."""
+    sd = model.state_dict()
+    tied = model.lm_head.weight is model.tok_embed.weight
+    return {k: v for k, v in sd.items() if not (tied and k == "lm_head.weight")}
+
+
+def _gpt2(model: DecoderOnlyLM, cfg: TransformerConfig) -> tuple[dict, dict]:
+    target = "GPT2LMHeadModel"
+    _require(cfg, target, {"norm": ("layernorm",), "norm_first": (True,), "final_norm": (True,),
+                           "activation": ("gelu", "relu"), "bias": (True,)})
+    sd = _lm_state(model)
+    out = {"transformer.wte.weight": sd["tok_embed.weight"], "transformer.wpe.weight": sd["pos.weight"],
+           "transformer.ln_f.weight": sd["decoder.norm.weight"], "transformer.ln_f.bias": sd["decoder.norm.bias"]}
+    for i in range(cfg.depth):
+        src, dst = f"decoder.layers.{i}.", f"transformer.h.{i}."
+        # GPT-2's Conv1D stores (in, out): the transpose of nn.Linear's weight
+        for a, b in (("attn.c_attn", "self_attn.qkv"), ("attn.c_proj", "self_attn.proj"),
+                     ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")):
+            out[f"{dst}{a}.weight"] = sd[f"{src}{b}.weight"].t().contiguous()
+            out[f"{dst}{a}.bias"] = sd[f"{src}{b}.bias"]
+        for a, b in (("ln_1", "norm1"), ("ln_2", "norm2")):
+            for kind in ("weight", "bias"):
+                out[f"{dst}{a}.{kind}"] = sd[f"{src}{b}.{kind}"]
+    if "lm_head.weight" in sd:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    vocab = out["transformer.wte.weight"].shape[0]
+    config = {"architectures": [target], "model_type": "gpt2", "vocab_size": vocab, "n_positions": cfg.max_len,
+              "n_embd": cfg.dim, "n_layer": cfg.depth, "n_head": cfg.num_heads, "n_inner": cfg.ffn_dim,
+              "activation_function": cfg.activation, "layer_norm_epsilon": cfg.norm_eps,
+              "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.attn_dropout_p,
+              "tie_word_embeddings": "lm_head.weight" not in sd, "torch_dtype": "float32"}
+    return config, out
+
+
+def _llama(model: DecoderOnlyLM, cfg: TransformerConfig) -> tuple[dict, dict]:
+    target = "LlamaForCausalLM"
+    _require(cfg, target, {"norm": ("rmsnorm",), "norm_first": (True,), "final_norm": (True,),
+                           "activation": ("swiglu",)})
+    sd = _lm_state(model)
+    out = {"model.embed_tokens.weight": sd["tok_embed.weight"], "model.norm.weight": sd["decoder.norm.weight"]}
+    hidden = cfg.ffn_dim
+    for i in range(cfg.depth):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        for name, (w, b) in zip(("q_proj", "k_proj", "v_proj"), _qkv(sd, f"{src}self_attn.qkv", cfg)):
+            out[f"{dst}self_attn.{name}.weight"] = w
+            if b is not None:
+                out[f"{dst}self_attn.{name}.bias"] = b
+        # tk's SwiGLU packs fc1 as [gate; value]
+        pairs = [("self_attn.o_proj", f"{src}self_attn.proj", None), ("mlp.gate_proj", f"{src}mlp.fc1", 0),
+                 ("mlp.up_proj", f"{src}mlp.fc1", 1), ("mlp.down_proj", f"{src}mlp.fc2", None)]
+        for a, b, half in pairs:
+            for kind in ("weight", "bias"):
+                if f"{b}.{kind}" in sd:
+                    t = sd[f"{b}.{kind}"]
+                    out[f"{dst}{a}.{kind}"] = t if half is None else t.split(hidden)[half]
+        out[f"{dst}input_layernorm.weight"] = sd[f"{src}norm1.weight"]
+        out[f"{dst}post_attention_layernorm.weight"] = sd[f"{src}norm2.weight"]
+    if "lm_head.weight" in sd:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    config = {"architectures": [target], "model_type": "llama", "vocab_size": out["model.embed_tokens.weight"].shape[0],
+              "hidden_size": cfg.dim, "intermediate_size": hidden, "num_hidden_layers": cfg.depth,
+              "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads,
+              "head_dim": cfg.dim // cfg.num_heads, "hidden_act": "silu", "max_position_embeddings": cfg.max_len,
+              "rms_norm_eps": cfg.norm_eps, "rope_theta": 10000.0,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+              "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout_p,
+              "tie_word_embeddings": "lm_head.weight" not in sd, "torch_dtype": "float32"}
+    return config, out
+
+
+# -- the folder ------------------------------------------------------------------------
+def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
+    """``(config.json dict, state dict)`` for the run's model, by model kind.
+
+    Raises:
+        TkError: a model with no transformers counterpart.
+    """
+    if isinstance(getattr(model, "encoder", None), TextEncoder) and isinstance(getattr(model, "head", None), nn.Linear):
+        return bert_export(model, getattr(task, "labels", None), bool(getattr(task, "multi_label", False)))
+    if isinstance(model, DecoderOnlyLM):
+        return lm_export(model, task.model_cfg)
+    raise TkError(f"--format hf: task {task.name!r} has a {type(model).__name__}, which has no transformers "
+                  f"export (text classifiers -> BERT, language models -> GPT-2/Llama); use --format safetensors")
+
+
+def write_hf_folder(out: Path, config: dict, state: dict[str, Tensor], tokenizer_json: str | None,
+                    max_len: int) -> list[str]:
+    """Write ``config.json``, ``model.safetensors`` and (given a tokenizer) ``tokenizer.json`` +
+    ``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``) into ``out``; returns the file names."""
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    export_safetensors(state, out / "model.safetensors", metadata={"format": "pt"})
+    files = ["config.json", "model.safetensors"]
+    if tokenizer_json is not None:
+        present = {t["content"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
+        tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+                   **{k: v for k, v in _SPECIALS.items() if v in present}}
+        (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+        files += ["tokenizer.json", "tokenizer_config.json"]
+    return files

@@ -1,0 +1,150 @@
+"""``tk export``: a finished run's model in another format, with a model card beside it.
+
+Formats: ``safetensors`` (the state dict + the task files), ``hf`` (a transformers folder,
+:mod:`tk.core.engine.export_hf`), ``timm`` (:mod:`tk.core.engine.export_timm`),
+``torch-export`` (a ``.pt2`` program) and ``onnx`` (:mod:`tk.core.engine.export_graph`).
+Everything is written into a temporary folder first and moved into place at the end, so a
+failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import tk
+from tk.core.engine.export import export_safetensors
+from tk.core.engine.export_graph import example_inputs, export_onnx, export_program
+from tk.core.engine.export_hf import hf_export, write_hf_folder
+from tk.core.engine.export_timm import timm_export, timm_load_code
+from tk.core.engine.inference import load_run_source
+from tk.core.engine.loggers import read_records
+from tk.core.errors import TkError
+
+__all__ = ["FORMATS", "export_run", "checkpoint_metrics"]
+
+FORMATS = ("hf", "timm", "safetensors", "torch-export", "onnx")
+
+
+def checkpoint_metrics(run_dir: Path, step: int | None) -> dict[str, float]:
+    """The evaluation metrics ``metrics.jsonl`` holds for ``step`` (the last record wins)."""
+    found: dict[str, float] = {}
+    for record in read_records(run_dir / "metrics.jsonl"):
+        if step is not None and record.get("step") == step and record.get("split") != "train":
+            found.update({k: v for k, v in record.items() if "/" in k and isinstance(v, (int, float))})
+    return found
+
+
+def _safetensors(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+    export_safetensors(model, out / "model.safetensors", metadata={"format": "pt"})
+    files = ["model.safetensors"] + (["artifacts/"] if task.files.copy_to(out) else [])
+    how = ("```python\nfrom safetensors.torch import load_file\nstate = load_file('model.safetensors')\n```\n"
+           f"or with tk: `tk predict {run_dir} --weights model.safetensors INPUT...`")
+    return files, how
+
+
+def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+    config, state = hf_export(task, model)
+    tokenizer = task.files.read_text("tokenizer.json") if task.files.exists("tokenizer.json") else None
+    if tokenizer is not None and '"model"' not in tokenizer:  # an old char table, not a tokenizers file
+        tokenizer = None
+    max_len = config.get("max_position_embeddings") or config.get("n_positions")
+    files = write_hf_folder(out, config, state, tokenizer, max_len)
+    auto = "AutoModelForSequenceClassification" if "SequenceClassification" in config["architectures"][0] \
+        else "AutoModelForCausalLM"
+    how = (f"```python\nfrom transformers import AutoTokenizer, {auto}\n"
+           f"model = {auto}.from_pretrained('PATH')  # {config['architectures'][0]}\n"
+           + ("tokenizer = AutoTokenizer.from_pretrained('PATH')\n" if tokenizer else "") + "```")
+    return files, how
+
+
+def _timm(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+    name, kwargs, state = timm_export(task, model)
+    export_safetensors(state, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "timm_model.json").write_text(json.dumps({"model_name": name, "kwargs": kwargs}, indent=2) + "\n",
+                                         encoding="utf-8")
+    how = f"```python\nimport timm\nmodel = {timm_load_code(name, kwargs)}\n```"
+    return ["model.safetensors", "timm_model.json"], how
+
+
+def _program(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+    inputs = example_inputs(task, model)
+    torch.export.save(export_program(model, inputs), out / "model.pt2")
+    how = (f"```python\nimport torch\nprogram = torch.export.load('model.pt2')\n"
+           f"outputs = program.module()({', '.join(f'{k}=...' for k in inputs)})\n```")
+    return ["model.pt2"], how
+
+
+def _onnx(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+    inputs = example_inputs(task, model)
+    export_onnx(model, inputs, out / "model.onnx")
+    how = (f"```python\nimport onnxruntime\nsession = onnxruntime.InferenceSession('model.onnx')\n"
+           f"outputs = session.run(None, {{{', '.join(f'{k!r}: ...' for k in inputs)}}})\n```")
+    return ["model.onnx"], how
+
+
+_WRITERS: dict[str, Callable[..., tuple[list[str], str]]] = {
+    "safetensors": _safetensors, "hf": _hf, "timm": _timm, "torch-export": _program, "onnx": _onnx}
+
+
+def model_card(task: Any, fmt: str, source: dict[str, Any], metrics: dict[str, float], files: list[str],
+               how: str) -> str:
+    """The ``README.md`` written beside exported weights."""
+    cfg = task.cfg
+    recipe = cfg.to_yaml().rstrip()
+    metric_lines = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(metrics.items())) or "| (none logged) | |"
+    section = cfg.sections["data"]
+    data = json.dumps(dataclasses.asdict(section) if dataclasses.is_dataclass(section) else str(section), default=str)
+    weights = "EMA" if source["ema"] else "raw"
+    return (f"# {task.name}: exported with tk\n\n"
+            f"- task: `{task.name}`\n- format: `{fmt}` ({', '.join(files)})\n"
+            f"- checkpoint: `{Path(source['checkpoint']).name}`, step {source['step']}, {weights} weights\n"
+            f"- tk version: {tk.__version__}\n- data: `{data}`\n\n"
+            f"## Metrics of this checkpoint\n\n| metric | value |\n|---|---|\n{metric_lines}\n\n"
+            f"## How to load\n\n{how}\n\n## Recipe (resolved config)\n\n```yaml\n{recipe}\n```\n")
+
+
+def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, checkpoint: str = "best",
+               ema: bool | None = None, overwrite: bool = False, overrides: list[str] = ()) -> dict[str, Any]:
+    """``tk export``: write the run's model in ``fmt`` into ``output`` (default
+    ``<run_dir>/export/<fmt>``) with a model card ``README.md``.
+
+    Args:
+        run_dir: a directory written by ``tk run``.
+        fmt: one of :data:`FORMATS`.
+        output: the folder to write; an existing non-empty one is refused unless ``overwrite``.
+        checkpoint, ema, overrides: which weights, as for ``tk eval`` (see ``load_run``).
+
+    Returns:
+        ``{"output", "format", "files", "checkpoint", "step", "ema"}``.
+
+    Raises:
+        TkError: an unknown format, an existing output, a model the format cannot express
+            (naming the config key), or a failed trace; nothing is written then.
+    """
+    if fmt not in _WRITERS:
+        raise TkError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    run_dir = Path(run_dir)
+    out = Path(output) if output is not None else run_dir / "export" / fmt
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise TkError(f"-o {out}: exists and is not empty; pass --overwrite to replace it, or another -o")
+    task, model, source = load_run_source(run_dir, checkpoint, list(overrides), ema=ema)
+    model = model.float().cpu().eval()  # portable weights: float32 on the CPU
+    tmp = Path(tempfile.mkdtemp(prefix="tk-export-"))
+    try:
+        files, how = _WRITERS[fmt](run_dir, task, model, tmp)
+        metrics = checkpoint_metrics(run_dir, source["step"])
+        (tmp / "README.md").write_text(model_card(task, fmt, source, metrics, files, how), encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(tmp), str(out))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"output": str(out), "format": fmt, "files": sorted(p.name for p in out.iterdir()), **source}

@@ -1,0 +1,139 @@
+"""``tk export``: each format loads in its own library and computes what the tk model does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tk.core.cli.main import cli
+from tk.core.engine.inference import load_run
+from tk.core.nn.decoding import GenerationConfig
+from tk.core.nn.generation import generate
+
+FAST = ["train.progress=false", "train.num_workers=0", "train.max_steps=4", "train.eval_every=2"]
+TEXTCLS = ["data.num_train=64", "data.num_val=16", "model.dim=32", "model.depth=2", "tokenizer.vocab_size=100",
+           "model.norm_first=false"]  # BERT is post-norm
+LM = ["data.num_sentences=300", "data.eval_blocks=2", "model.dim=32", "model.depth=2", "data.num_samples=0",
+      "model.tie_embeddings=false"]
+LLAMA = ["model.pos_encoding=rotary", "model.norm=rmsnorm", "model.activation=swiglu", "model.bias=false",
+         "model.num_kv_heads=2"]
+VIT = ["data.num_train=64", "data.num_val=16", "model.dim=32", "model.depth=2", "train.batch_size=16",
+       "train.eval_batch_size=16"]
+
+
+def tk(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def make_run(path, recipe, *overrides):
+    result = tk("run", recipe, f"output_dir={path}", *FAST, *overrides)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.fixture(scope="module")
+def textcls_run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("export") / "tc", "textcls_synthetic", *TEXTCLS)
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("export") / "vit", "quickstart", *VIT)
+
+
+def export(run, fmt, *extra):
+    result = tk("export", run, "--format", fmt, *extra)
+    assert result.exit_code == 0, result.output
+    return run / "export" / fmt
+
+
+def test_textcls_to_bert_matches_tk_logits(textcls_run):
+    transformers = pytest.importorskip("transformers")
+    out = export(textcls_run, "hf")
+    task, model = load_run(textcls_run, "best")
+    sentences = ["good , not bad", "the film was bad , not good at all"]
+    enc = task.encode(sentences, None)
+    ids = task.collate([{"input_ids": i, "token_types": t} for i, t in zip(enc.ids, enc.type_ids)])["input_ids"]
+    assert (ids == task.pad_id).any()  # a padded batch
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    assert type(hf).__name__ == "BertForSequenceClassification"
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tok(sentences, padding=True, return_tensors="pt")["input_ids"].tolist() == ids.tolist()
+    with torch.no_grad():
+        expected = model(ids)
+        got = hf(input_ids=ids, attention_mask=(ids != task.pad_id).long()).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    card = (out / "README.md").read_text()
+    assert "text_classification" in card and "val/top1" in card and "AutoModelForSequenceClassification" in card
+
+
+@pytest.mark.parametrize("shape,hf_class", [([], "GPT2LMHeadModel"), (LLAMA, "LlamaForCausalLM")])
+def test_lm_to_transformers_greedy_tokens_match(tmp_path, shape, hf_class):
+    transformers = pytest.importorskip("transformers")
+    run = make_run(tmp_path / "lm", "lm_synthetic", *LM, *shape)
+    out = export(run, "hf", "--checkpoint", "last")
+    task, model = load_run(run, "last")
+    prompt = torch.tensor([task.tokenizer.encode("the cat")])
+    ours = generate(model, prompt, GenerationConfig(strategy="greedy", max_len=10)).tokens
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == hf_class
+    theirs = hf.generate(prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert theirs[0, prompt.shape[1]:].tolist() == ours[0].tolist()
+    with torch.no_grad():  # and the logits themselves
+        torch.testing.assert_close(hf(prompt).logits, model(prompt), atol=1e-5, rtol=1e-5)
+
+
+def test_vit_to_timm_matches_tk_logits(vit_run):
+    timm = pytest.importorskip("timm")
+    out = export(vit_run, "timm")
+    spec = json.loads((out / "timm_model.json").read_text())
+    theirs = timm.create_model(spec["model_name"], pretrained=True, **spec["kwargs"], pretrained_cfg_overlay=dict(
+        file=str(out / "model.safetensors"), num_classes=spec["kwargs"]["num_classes"])).eval()
+    _, model = load_run(vit_run, "best")
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=1e-5)
+    assert "timm.create_model(" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow  # ~1 min: two traces per format
+@pytest.mark.parametrize("fmt", ["torch-export", "onnx"])
+def test_graph_exports_match_eager_at_two_batch_sizes(textcls_run, vit_run, fmt):
+    if fmt == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+    task, model = load_run(textcls_run, "best")
+    enc = task.encode(["good", "bad , not good", "good , not bad at all"], None)
+    ids = task.collate([{"input_ids": i, "token_types": t} for i, t in zip(enc.ids, enc.type_ids)])["input_ids"]
+    _, vit = load_run(vit_run, "best")
+    images = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    for run, net, name, batch in ((textcls_run, model, "input_ids", ids), (vit_run, vit, "x", images)):
+        out = export(run, fmt)
+        if fmt == "torch-export":
+            program = torch.export.load(out / "model.pt2").module()
+            run_graph = lambda t: program(**{name: t})  # noqa: E731
+        else:
+            session = ort.InferenceSession(str(out / "model.onnx"))
+            run_graph = lambda t: torch.from_numpy(session.run(None, {name: t.numpy()})[0])  # noqa: E731
+        for part in (batch[:1], batch):  # two batch sizes (and, for text, two lengths)
+            with torch.no_grad():
+                torch.testing.assert_close(run_graph(part), net(part), atol=1e-5, rtol=1e-4)
+
+
+def test_bad_inputs_are_one_line_and_write_nothing(textcls_run, tmp_path):
+    result = tk("export", textcls_run, "--format", "hff", "-o", tmp_path / "a")
+    assert result.exit_code == 2 and "'hf'" in result.output and not (tmp_path / "a").exists()
+    # a mean-pooled encoder: BertForSequenceClassification reads [CLS] only
+    result = tk("export", textcls_run, "--format", "hf", "-o", tmp_path / "b", "model.pooling=mean")
+    assert result.exit_code == 2 and "model.pooling='mean'" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "keep.txt").write_text("mine")
+    result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "c")
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["keep.txt"]
+    result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "c", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["README.md", "artifacts", "model.safetensors"]
