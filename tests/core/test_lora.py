@@ -199,7 +199,6 @@ def test_textcls_run_trains_only_adapters_and_head(tmp_path):
         torch.testing.assert_close(weights_model(batch["input_ids"], batch["token_types"]), want, rtol=0, atol=1e-5)
 
 
-@pytest.mark.slow
 def test_interrupted_lora_run_resumes_exactly(tmp_path):
     recipe = _recipe(tmp_path)
     reference, run_dir = tmp_path / "reference", tmp_path / "interrupted"
