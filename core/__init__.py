@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "TransformerStack": "nn.stack", "DecoderCache": "nn.stack",
     "TransformerEncoder": "nn.transformer", "TransformerDecoder": "nn.transformer",
     "EncoderDecoder": "nn.transformer", "DecoderOnlyLM": "nn.transformer",
+    "LoRAConfig": "nn.lora", "LoRALinear": "nn.lora", "apply_lora": "nn.lora", "merge_lora": "nn.lora",
+    "merged_state_dict": "nn.lora",
     "VisionTransformer": "nn.vit", "convert_timm_vit_state_dict": "nn.vit", "load_timm_vit": "nn.vit",
     # generation
     "generate": "nn.generation", "GenerationConfig": "nn.decoding", "GenerationOutput": "nn.decoding",

@@ -245,6 +245,11 @@ CASES: dict[str, Case] = {
     "override/literal": C(["validate", "{toy}", "train.precision=fp8"], 2, "one of 'fp32', 'bf16', 'fp16'"),
     "override/timm name": C(["validate", "quickstart", "model.timm=resnet181"], 2,
                             "override 'model.timm=resnet181': 'resnet181' is not a timm model; did you mean 'resnet18'"),
+    "override/lora rank": C(["validate", "quickstart", "model.lora.rank=0"], 2,
+                            "override 'model.lora.rank=0': model.lora.rank (0) must be >= 1"),
+    "run/lora targets match nothing": C(["run", "quickstart", "output_dir={d}/new", "model.lora.targets=[nope]"], 2,
+                                        "model.lora.targets ['nope'] (patterns ['nope']) match no nn.Linear layer",
+                                        ["blocks.0.attn.qkv"]),
     # -- the machine -------------------------------------------------------------------
     "machine/device tpu": C(["validate", "{toy}", "train.device=tpu"], 2, "train.device"),
     "machine/device nonsense": C(["validate", "{toy}", "train.device=gpu0"], 2, "is not a device"),

@@ -8,6 +8,9 @@ data and model are built.
     4. build the data                           loaders, datasets           (train, resume, eval, summary)
     5. build the model                          task.build_model()
     6. load pretrained weights                  task.init_pretrained(model) (a fresh training run only)
+    7. add LoRA adapters, freeze the rest       apply_lora(model, ...)      (when the model: section has
+                                                                             a lora: mapping; every mode, so a
+                                                                             saved LoRA run's weights fit)
 
 With several processes, steps 3-4 run on rank 0 first (downloads, tokenizer training,
 task files), then on the other ranks, which find what rank 0 wrote.
@@ -23,6 +26,7 @@ from typing import Any, Callable, ContextManager, Literal, Mapping
 from torch import nn
 
 from tk.core.config import RunConfig
+from tk.core.nn.lora import apply_lora
 from tk.core.task import Task
 
 __all__ = ["Mode", "AssembledRun", "assemble", "MODES"]
@@ -71,4 +75,7 @@ def assemble(cfg: RunConfig, task_cls: type[Task], run_dir: str | Path | None, m
     model = task.build_model()
     if mode == "train":
         task.init_pretrained(model)
+    lora = getattr(cfg.sections.get("model"), "lora", None)
+    if lora is not None:
+        apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.trainable)
     return AssembledRun(task, model, data)

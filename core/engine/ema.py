@@ -23,7 +23,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 class ModelEMA:
-    """Keeps ``ema = d * ema + (1 - d) * param`` for every parameter after each update;
+    """Keeps ``ema = d * ema + (1 - d) * param`` for every trainable parameter after each
+    update (a frozen one never changes, so its copy is its average);
     persistent buffers (BatchNorm statistics, counters) are copied from the model as they
     are. Non-persistent buffers (caches a module rebuilds itself, such as rotary cos/sin
     tables that grow with the longest sequence seen) are left to each copy.
@@ -72,6 +73,8 @@ class ModelEMA:
         src = _unwrap(model)
         src_params = dict(src.named_parameters())
         for name, ema_p in self.module.named_parameters():
+            if ema_p.is_floating_point() and not src_params[name].requires_grad:
+                continue  # frozen (LoRA, a frozen backbone): equal to its average already
             p = src_params[name].detach().to(ema_p.device, ema_p.dtype)
             if ema_p.is_floating_point():
                 ema_p.lerp_(p, 1.0 - d)  # ema + (1 - d) * (p - ema) == d * ema + (1 - d) * p

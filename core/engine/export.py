@@ -15,6 +15,7 @@ from torch import nn
 
 from tk.core.engine.checkpoint import atomic_write, load_checkpoint
 from tk.core.errors import TkError
+from tk.core.nn.lora import merged_state_dict
 
 __all__ = ["export_safetensors", "average_checkpoints"]
 
@@ -24,11 +25,14 @@ def export_safetensors(
 ) -> None:
     """Write weights to a ``.safetensors`` file (atomically).
 
+    A model with LoRA adapters is written merged (``tk.core.nn.lora.merged_state_dict``):
+    the file fits the same model built without ``model.lora``.
+
     safetensors refuses tensors that share memory (tied embeddings, views), so every
     tensor whose storage was already seen, or that covers only part of its storage,
     is cloned; non-tensor entries are skipped.
     """
-    sd = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
+    sd = merged_state_dict(model_or_state_dict) if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
     seen: set[tuple[str, int]] = set()
     tensors = {}
     for name, t in sd.items():

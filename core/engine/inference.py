@@ -24,6 +24,7 @@ from tk.core.engine.export import average_checkpoints, export_safetensors
 from tk.core.engine.precision import Precision
 from tk.core.engine.predict import predict_batches
 from tk.core.errors import TkError
+from tk.core.nn.lora import has_lora, merge_lora
 from tk.core.recipe import load_config
 from tk.core.step import EvalContext
 from tk.core.task import Task
@@ -107,6 +108,8 @@ def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool | 
 
 def _assemble_saved(run_dir: Path, saved: _SavedRun, mode: str, build_data=None) -> tuple[Task, nn.Module, Any]:
     built = assemble(saved.cfg, saved.task_cls, run_dir, mode, state=saved.state, build_data=build_data)
+    if has_lora(built.model) and not any(k.endswith(".lora_A") for k in saved.weights):
+        built.model = merge_lora(built.model)  # merged weights (a LoRA run's model.safetensors)
     load_model_state(built.model, saved.weights)
     return built.task, built.model.eval(), built.data
 

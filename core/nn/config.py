@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import Literal
 
+from tk.core.nn.lora import LoRAConfig
+
 ACTIVATIONS = ("gelu", "relu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "none")
@@ -47,6 +49,7 @@ class TransformerConfig:
     max_len: int = 1024  # positions in the learned/sinusoidal table (tokens); learned raises beyond it
     tie_embeddings: bool = True  # output projection shares the (target) token embedding weight
     share_embeddings: bool = False  # encoder-decoder: one embedding for source and target (one joint vocab)
+    lora: LoRAConfig | None = None  # low-rank adapters, the rest frozen (docs/lora.md); null: train every weight
 
     # -- derived values ----------------------------------------------------------------
     @property
@@ -101,6 +104,8 @@ class TransformerConfig:
         if self.pos_encoding == "rotary" and head_dim % 2:
             problems.append(f"{k('pos_encoding')} 'rotary' needs an even head dim, got "
                             f"{k('dim')} / {k('num_heads')} = {head_dim}")
+        if self.lora is not None:
+            problems += self.lora.check(k("lora"))
         return problems
 
     def validate(self) -> None:

@@ -34,7 +34,9 @@ class ModelConfig(ViTConfig):
         """The ViT's problems (none when a timm model is built instead) and the fine-tuning keys'."""
         problems = check_pretrained(self.pretrained, self.pretrained_file, self.timm, self.freeze,
                                     self.pretrained_from)
-        return problems if self.timm is not None else super().check(prefix) + problems
+        if self.timm is None:
+            return super().check(prefix) + problems
+        return problems + (self.lora.check(f"{prefix}.lora") if self.lora is not None else [])
 
 
 def check_model(cfg: ModelConfig, img_size: int) -> list[str]:

@@ -1,0 +1,211 @@
+"""LoRA: low-rank adapters on a model's ``nn.Linear`` layers, the rest frozen.
+
+LoRA: https://arxiv.org/abs/2106.09685 ; the layout (``lora_A``/``lora_B``, Kaiming-uniform A,
+zero B, ``alpha / rank`` scale, merge and unload) follows Hugging Face PEFT.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tk.core.errors import TkError
+
+__all__ = ["LoRAConfig", "LoRALinear", "apply_lora", "merge_lora", "merged_state_dict", "has_lora",
+           "TARGET_ALIASES", "DEFAULT_TRAINABLE"]
+
+# shorthands usable in ``targets``: the attention projections of every core stack (fused
+# ``qkv``, or ``q_proj``/``k_proj``/``v_proj``, and the output ``proj`` of ``attn``,
+# ``self_attn``, ``cross_attn``), which are also timm's ViT names; and the feed-forward layers
+TARGET_ALIASES: dict[str, list[str]] = {
+    "attention": ["*.qkv", "*.q_proj", "*.k_proj", "*.v_proj", "*attn.proj"],
+    "mlp": ["*.fc1", "*.fc2"],
+}
+# the classification heads of the plugins (core ViT, timm, text classifier) stay trainable
+DEFAULT_TRAINABLE = ["head", "head_dist", "classifier"]
+
+
+@dataclass
+class LoRAConfig:
+    """The ``model.lora:`` section: low-rank adapters on the matching ``nn.Linear`` layers."""
+
+    rank: int = 8  # adapter rank r: each adapted layer learns B @ A with A (r, in) and B (out, r)
+    alpha: float = 16.0  # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapter's input (the frozen layer sees x unchanged)
+    targets: list[str] = field(
+        default_factory=lambda: ["attention"])  # Linear layer names to adapt (fnmatch); shorthands: attention, mlp
+    trainable: list[str] = field(
+        default_factory=lambda: list(DEFAULT_TRAINABLE))  # module/param names (fnmatch) trained besides the adapters
+
+    def check(self, prefix: str = "model.lora") -> list[str]:
+        """Problems of this section, one line each, keys named as ``{prefix}.field``."""
+        problems = []
+        if self.rank < 1:
+            problems.append(f"{prefix}.rank ({self.rank}) must be >= 1")
+        if not self.alpha > 0:
+            problems.append(f"{prefix}.alpha ({self.alpha}) must be > 0")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"{prefix}.dropout ({self.dropout}) must be in [0, 1)")
+        if not self.targets:
+            problems.append(f"{prefix}.targets is empty; name the Linear layers to adapt, e.g. [attention]")
+        return problems
+
+
+class LoRALinear(nn.Linear):
+    """``y = base(x) + dropout(x) @ A^T @ B^T * (alpha / rank)``.
+
+    A subclass of ``nn.Linear`` that keeps the wrapped layer's own ``weight`` and ``bias``
+    Parameters (same names in the state dict, ties kept) and adds ``lora_A`` (rank, in),
+    Kaiming-uniform, and ``lora_B`` (out, rank), zeros: at initialisation the output is
+    exactly the base layer's.
+
+    Args:
+        base: the layer to adapt (its parameters are reused, not copied).
+        rank: r >= 1.
+        alpha: scale numerator (the update is multiplied by alpha / rank).
+        dropout: dropout probability on the adapter's input.
+    """
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
+        nn.Module.__init__(self)  # not nn.Linear.__init__: it would allocate and re-initialise a weight
+        if rank < 1:
+            raise TkError(f"model.lora.rank ({rank}) must be >= 1")
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight, self.bias = base.weight, base.bias
+        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, **factory))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, **factory))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own init, as PEFT
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., in) -> (..., out)."""
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
+        return F.linear(x, self.weight, self.bias) + update * self.scale
+
+    @torch.no_grad()
+    def delta_weight(self) -> Tensor:
+        """``B @ A * scale`` (out, in), computed in float32, in the weight's dtype."""
+        return ((self.lora_B.float() @ self.lora_A.float()) * self.scale).to(self.weight.dtype)
+
+    @torch.no_grad()
+    def merge(self) -> nn.Linear:
+        """Fold the adapter into the base weight (in place) and zero ``lora_B``, so that this
+        layer computes the same function; returns a plain ``nn.Linear`` holding the same
+        ``weight`` and ``bias`` Parameters (their ``requires_grad`` unchanged)."""
+        self.weight.add_(self.delta_weight())
+        self.lora_B.zero_()
+        plain = nn.Linear.__new__(nn.Linear)
+        nn.Module.__init__(plain)
+        plain.in_features, plain.out_features = self.in_features, self.out_features
+        plain.weight, plain.bias = self.weight, self.bias
+        return plain.train(self.training)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}"
+
+
+# -- helpers -------------------------------------------------------------------------
+def _expand(patterns: Iterable[str]) -> list[str]:
+    return [p for pattern in patterns for p in TARGET_ALIASES.get(pattern, [pattern])]
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatchcase(name, p) for p in patterns)
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def _names_within(param_name: str) -> list[str]:
+    """``"a.b.weight"`` -> ``["a", "a.b", "a.b.weight"]``: the module names it lies in, and itself."""
+    parts = param_name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def has_lora(model: nn.Module) -> bool:
+    """Whether ``model`` holds any :class:`LoRALinear`."""
+    return any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+# -- the API ---------------------------------------------------------------------------
+def apply_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+               targets: Iterable[str] = ("attention",), trainable: Iterable[str] = DEFAULT_TRAINABLE) -> list[str]:
+    """Replace the ``nn.Linear`` layers named by ``targets`` with :class:`LoRALinear` and
+    freeze every other parameter except the adapters and those named by ``trainable``.
+
+    Names are ``model.named_modules()`` names matched with shell-style patterns
+    (``fnmatch``: ``*`` also crosses dots), e.g. ``"*.attn.qkv"``, ``"blocks.1[01].*"``;
+    ``targets`` may use the shorthands of :data:`TARGET_ALIASES` ("attention", "mlp").
+    A ``trainable`` pattern matches a module name (all its parameters) or a parameter name.
+
+    Args:
+        model: the model, modified in place.
+        rank, alpha, dropout: see :class:`LoRALinear`.
+        targets: patterns of the Linear layers to adapt.
+        trainable: patterns of what else keeps training (default: classification heads).
+
+    Returns:
+        The names of the adapted layers.
+
+    Raises:
+        TkError: ``rank < 1``, a model that already has LoRA, a model without ``nn.Linear``,
+            or targets that match no ``nn.Linear`` (naming some that exist).
+    """
+    targets, trainable = list(targets), list(trainable)
+    if rank < 1:
+        raise TkError(f"model.lora.rank ({rank}) must be >= 1")
+    if has_lora(model):
+        raise TkError(f"{type(model).__name__} already has LoRA adapters; merge_lora it first or build a fresh model")
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise TkError(f"model.lora: {type(model).__name__} has no nn.Linear layer to adapt; remove model.lora")
+    patterns = _expand(targets)
+    chosen = [name for name in linears if _matches(name, patterns)]
+    if not chosen:
+        shown = ", ".join(linears[:6]) + (f", ... ({len(linears)} in all)" if len(linears) > 6 else "")
+        raise TkError(f"model.lora.targets {targets} (patterns {patterns}) match no nn.Linear layer of "
+                      f"{type(model).__name__}; its Linear layers are named e.g. {shown}")
+    model.requires_grad_(False)
+    for name in chosen:
+        _set_module(model, name, LoRALinear(model.get_submodule(name), rank, alpha, dropout))
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if name.endswith((".lora_A", ".lora_B")) or any(_matches(n, trainable) for n in _names_within(name)):
+            p.requires_grad_(True)
+    return chosen
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight and put plain ``nn.Linear`` layers back
+    (PEFT's ``merge_and_unload``), in place: the model then has the base model's structure
+    and state-dict keys, and computes what base + adapters computed.
+
+    Returns:
+        ``model`` (a model without LoRA is returned unchanged).
+    """
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear):
+            plain = module.merge()
+            if name:
+                _set_module(model, name, plain)
+            else:
+                return plain
+    return model
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The state dict of ``model`` with its adapters merged (``model`` itself unchanged):
+    loadable by the same model built without LoRA. A model without LoRA gives its own."""
+    if not has_lora(model):
+        return model.state_dict()
+    return merge_lora(copy.deepcopy(model)).state_dict()
