@@ -178,12 +178,12 @@ def test_multi_label_runs_cannot_distill():
 @pytest.mark.slow
 def test_distilled_student_beats_its_undistilled_twin(tmp_path):
     """A BPE teacher trained on 400 clean examples teaches a wordpiece student whose 64
-    labels are mostly noise; at the same steps and seed the distilled student is far more
-    accurate than its twin, and the teacher run is unchanged."""
+    labels are 80 % random (60 % right); at the same 40 steps and seed the distilled student
+    is far more accurate than its twin (measured 0.995 vs 0.68), and the teacher run is unchanged."""
     teacher = tmp_path / "teacher"
     tk("run", "textcls_synthetic", f"output_dir={teacher}", *TINY, *data_keys(tmp_path, keyword_rows(400, 0)),
-       "tokenizer.kind=bpe", "train.max_steps=60", "train.eval_every=60")
-    assert last_val(teacher)["val/top1"] >= 0.9
+       "tokenizer.kind=bpe", "tokenizer.vocab_size=300", "train.max_steps=50", "train.eval_every=50")
+    assert last_val(teacher)["val/top1"] >= 0.95
     sha = {k: v.clone() for k, v in load_run(teacher)[1].state_dict().items()}
     noisy = data_keys(tmp_path, keyword_rows(64, 1, noise=0.8), tag="noisy")
     common = [*TINY, *noisy, "train.max_steps=40", "train.eval_every=40"]
