@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from tk.core.cli import cli
 from tk.core.engine.build import prepare_teacher
 from tk.core.engine.inference import load_run
+from tk.core.errors import TkError
 from tk.core.recipe import load_config
 from tk.core.step import StepOutput
 
@@ -146,6 +147,19 @@ def test_teacher_with_another_tokenizer_is_frozen_and_cached(tmp_path, bpe_teach
     want = torch.tensor([list(p["probs"].values()) for p in teacher_task.predict(teacher_model, texts)])
     got = task._teacher.logits(teacher, batches[0]).softmax(-1)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_resuming_with_another_teacher_fails(tmp_path, bpe_teacher):
+    task, _ = student_task(tmp_path, bpe_teacher)
+    record = task.state_dict()["teacher"]
+    assert record["teacher"] == str(bpe_teacher.resolve()) and len(record["sha256"]) == 64
+    cfg, task_cls = load_config("textcls_synthetic", [*TINY, *data_keys(tmp_path, keyword_rows(48, 1)),
+                                                      "distill.type=soft", f"distill.teacher={bpe_teacher}"])
+    resumed = task_cls(cfg, tmp_path / "student")
+    resumed.load_state_dict({"labels": list(LABELS), "teacher": {"teacher": "runs/old", "sha256": "0" * 64}})
+    resumed.setup(resume=True)
+    with pytest.raises(TkError, match="runs/old.*resume with the original teacher"):
+        resumed.build_teacher()
 
 
 def test_bad_teachers_fail_in_one_line_before_anything_is_written(tmp_path, bpe_teacher):
