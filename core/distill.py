@@ -16,9 +16,10 @@ a ``build_teacher`` that loads the teacher run with :func:`load_teacher_run` (ha
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,19 +28,19 @@ from torch import Tensor, nn
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum, kl_distillation_loss
 
-__all__ = ["DistillConfig", "check_distill", "load_teacher_run", "check_same_teacher", "weights_sha256",
-           "distillation_loss", "TeacherLogitsCache"]
+__all__ = ["DistillConfig", "TeacherLogitsCache", "check_distill", "check_same_teacher", "distillation_loss",
+           "load_teacher_run", "weights_sha256"]
 
 
 @dataclass
 class DistillConfig:
     """The recipe's ``distill:`` section."""
 
-    type: Literal["none", "soft", "hard"] = "none"  # soft: KL to the teacher's tau-softened probs; hard: CE on its argmax
+    type: Literal["none", "soft", "hard"] = "none"  # soft: KL to the teacher's softened probs; hard: CE on its argmax
     alpha: float = 0.5  # weight of the distillation term; (1 - alpha) on the label term
     tau: float = 1.0  # soft distillation temperature (> 0); the KL is scaled by tau**2
     teacher: str | None = None  # a finished run dir of the same task and classes (or a file in its checkpoints/)
-    cache: bool = False  # keep the teacher's logits of each training example after its first use (inputs without augmentation only)
+    cache: bool = False  # reuse each training example's teacher logits after its first use (no augmentation only)
 
 
 def check_distill(cfg: DistillConfig) -> list[str]:

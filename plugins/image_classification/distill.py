@@ -29,7 +29,7 @@ from tk.core.distill import check_distill as check_core_distill
 from tk.core.distill import distillation_loss, load_teacher_run, weights_sha256
 from tk.core.errors import TkError
 
-__all__ = ["DistillConfig", "check_distill", "load_teacher", "distillation_loss", "weights_sha256"]
+__all__ = ["DistillConfig", "check_distill", "distillation_loss", "load_teacher", "weights_sha256"]
 
 
 @dataclass
@@ -51,9 +51,9 @@ def check_distill(cfg: DistillConfig) -> list[str]:
     # a bare name must be a timm model, so a typo fails here, before anything runs
     name = cfg.teacher or ""
     looks_like_path = "/" in name or "\\" in name or name.endswith((".pt", ".pth", ".safetensors"))
-    if cfg.type != "none" and name and not looks_like_path and not Path(name).expanduser().exists():
-        if not timm.is_model(name):
-            problems.append(f"distill.teacher ({name!r}) is not a timm model name{did_you_mean(name, timm.list_models())}"
+    if (cfg.type != "none" and name and not looks_like_path and not Path(name).expanduser().exists()
+            and not timm.is_model(name)):
+        problems.append(f"distill.teacher ({name!r}) is not a timm model name{did_you_mean(name, timm.list_models())}"
                             f" (a tk teacher run is given as a path, e.g. runs/{name})")
     return problems
 
