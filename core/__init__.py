@@ -43,6 +43,8 @@ _EXPORTS: dict[str, str] = {
     "available_tasks": "registry", "load_task": "registry",
     "Trainer": "engine.train", "Metric": "metrics", "Accuracy": "metrics", "Mean": "metrics",
     "cross_entropy_sum": "losses", "kl_distillation_loss": "losses",
+    "DistillConfig": "distill", "distillation_loss": "distill", "load_teacher_run": "distill",
+    "TeacherLogitsCache": "distill",
     "OptimConfig": "optim", "build_optimizer": "optim", "ScheduleConfig": "schedule",
     "build_scheduler": "schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
     "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "export_safetensors": "engine.export", "average_checkpoints": "engine.export", "load_checkpoint": "engine.checkpoint",

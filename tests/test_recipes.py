@@ -24,6 +24,7 @@ OFFLINE = {
 # Per recipe: overrides for what needs more than data offline (a teacher run, hub weights).
 OFFLINE_RECIPE = {
     "deit_tiny_cifar": ["distill.teacher=resnet18"], "deit_tiny_cifar_cpu": ["distill.teacher=resnet18"],
+    "sst2_distill": ["distill.type=none"],  # its teacher is the sst2_minilm run (needs SST-2 and MiniLM)
     "vit_finetune_cifar": ["model.pretrained=false", "data.img_size=64"],
     "vit_finetune_cifar_cpu": ["model.pretrained=false"],
     "gpt2_small_owt": ["tokenizer.path=null", "data.block_size=32", "data.val_fraction=0.1", "model.dim=32", "model.depth=1",

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tk.core.config import did_you_mean
+from tk.core.distill import check_same_teacher
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
@@ -260,11 +261,7 @@ class ImageClassificationTask(Task):
         if self.distill_cfg.type == "none":
             return None
         teacher, record = load_teacher(self.distill_cfg, self.class_names)
-        saved = self._saved_teacher
-        if saved is not None and saved.get("sha256") != record["sha256"]:
-            raise TkError(f"distill.teacher: this run was trained with teacher {saved.get('teacher')} "
-                          f"(sha256 {saved.get('sha256', '?')[:12]}) but now gets {record['teacher']} "
-                          f"(sha256 {record['sha256'][:12]}); resume with the original teacher")
+        check_same_teacher(self._saved_teacher, record)
         self._teacher_record = record
         return teacher
 

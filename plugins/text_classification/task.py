@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from tk.core.distill import DistillConfig, check_same_teacher, distillation_loss
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
@@ -32,6 +33,7 @@ from tk.plugins.text_classification.data import (
     check_data,
     read_rows,
 )
+from tk.plugins.text_classification.distill import TextTeacher, check_text_distill
 from tk.plugins.text_classification.metrics import build_metrics
 from tk.plugins.text_classification.model import ModelConfig, TextClassifier
 
@@ -63,7 +65,7 @@ class TextClassificationTask(Task):
     name: ClassVar[str] = "text_classification"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
-    extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TextClsTokenizerConfig}
+    extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TextClsTokenizerConfig, "distill": DistillConfig}
     renamed_keys: ClassVar[Mapping[str, str]] = {
         "data.tokenizer": "tokenizer.kind", "data.vocab_size": "tokenizer.vocab_size",
         "data.lowercase": "tokenizer.lowercase", "data.hf_splits": "data.hf_split"}
@@ -76,10 +78,15 @@ class TextClassificationTask(Task):
         self._train_rows: list[Row] | None = None
         self.truncated: dict[str, int] = {}  # split -> examples cut to max_len
         self._pretrained_path: Path | None = None
+        self.distill_cfg: DistillConfig = self.sections.get("distill") or DistillConfig()
+        self._teacher: TextTeacher | None = None  # the teacher run's task and logits (distillation)
+        self._saved_teacher: dict[str, str] | None = None  # the teacher record of the checkpoint being resumed
+        self._num_train: int | None = None
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
         problems = check_data(cfg.sections["data"])
+        problems += check_text_distill(cfg.sections.get("distill") or DistillConfig(), cfg.sections["data"].multi_label)
         if cfg.sections["tokenizer"].path is not None and cfg.sections["model"].pretrained_dir is not None:
             problems.append("tokenizer.path: model.pretrained_dir brings its own tokenizer (its vocabulary matches "
                             "its embeddings); set tokenizer.path to null")
@@ -88,6 +95,15 @@ class TextClassificationTask(Task):
     @property
     def multi_label(self) -> bool:
         return bool(self.data.multi_label)
+
+    @property
+    def distilling(self) -> bool:
+        return self.distill_cfg.type != "none"
+
+    @property
+    def class_names(self) -> list[Any]:
+        """The label values in class-index order (the task file ``labels.json``)."""
+        return list(self.labels)
 
     @property
     def pretrained_path(self) -> Path:
@@ -135,11 +151,14 @@ class TextClassificationTask(Task):
                     self.files.write_text(name, text)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"labels": self.labels}
+        record = self._teacher.record if self._teacher is not None else self._saved_teacher
+        return {"labels": self.labels} | ({"teacher": dict(record)} if record is not None else {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "labels" in state:
             self.labels = list(state["labels"])
+        if "teacher" in state:
+            self._saved_teacher = dict(state["teacher"])
 
     @property
     def pad_id(self) -> int:
@@ -174,8 +193,12 @@ class TextClassificationTask(Task):
             log.warning("%s split: %d of %d examples truncated to %d tokens (data.max_len)", split, enc.truncated,
                         len(rows), self.max_len)
         self.truncated[split] = enc.truncated
-        return EncodedDataset([{"input_ids": i, "token_types": t, "labels": y}
-                               for i, t, y in zip(enc.ids, enc.type_ids, targets)])
+        items = [{"input_ids": i, "token_types": t, "labels": y} for i, t, y in zip(enc.ids, enc.type_ids, targets)]
+        if split == "train" and self.distilling:  # the teacher reads the raw texts with its own tokenizer
+            self._num_train = len(items)
+            for index, (item, row) in enumerate(zip(items, rows)):
+                item.update(text=row[0], pair=row[1], index=index)
+        return EncodedDataset(items)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> Encoded:
         """``[CLS] A [SEP] (B [SEP])`` ids and token types, cut to :attr:`max_len` (counted)."""
@@ -192,6 +215,10 @@ class TextClassificationTask(Task):
         dtype = torch.float32 if self.multi_label else torch.long  # multi-hot (B, C) or class indices (B,)
         labels = torch.tensor([s["labels"] for s in samples], dtype=dtype) if "labels" in samples[0] else None
         batch = {"input_ids": ids, "token_types": types}
+        if "text" in samples[0]:  # distillation: raw texts (the teacher's inputs) and example indices (its cache)
+            pairs = [s["pair"] for s in samples]
+            batch.update(texts=[s["text"] for s in samples], pairs=None if pairs[0] is None else pairs,
+                         index=torch.tensor([s["index"] for s in samples], dtype=torch.long))
         return batch if labels is None else {**batch, "labels": labels}
 
     # -- model and loss ----------------------------------------------------------------
@@ -224,10 +251,32 @@ class TextClassificationTask(Task):
         scale = self.model_cfg.encoder_lr_scale
         return param_groups(model, optim_cfg, lr_scale=lambda n: scale if n.startswith("encoder.") else 1.0)
 
+    def build_teacher(self) -> nn.Module | None:
+        """The frozen teacher of ``distill.teacher`` (None without distillation): a finished
+        text_classification run with the same labels, whatever its tokenizer.
+
+        Raises:
+            TkError: a missing or non-run path, a run of another task, other labels, other
+                inputs (pairs vs single texts), or (resuming) another teacher than the
+                checkpoint recorded.
+        """
+        if not self.distilling:
+            return None
+        teacher = TextTeacher(self.distill_cfg, self, self._num_train)
+        check_same_teacher(self._saved_teacher, teacher.record)
+        self._teacher = teacher
+        return teacher.model
+
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Cross-entropy (multi-label: binary cross-entropy summed over the C labels) summed over
-        the batch; ``outputs`` are the (B, C) logits."""
+        the batch; ``outputs`` are the (B, C) logits. In training with ``distill.type`` soft/hard,
+        ``(1 - alpha) * CE + alpha * distillation term`` against the teacher's logits on the
+        same texts (:func:`tk.core.distill.distillation_loss`)."""
         logits = model(batch["input_ids"], batch["token_types"])
+        if model.training and self.teacher is not None and self._teacher is not None:
+            teacher_logits = self._teacher.logits(self.teacher, batch)
+            loss, count, logs = distillation_loss(self.distill_cfg, logits, batch["labels"], teacher_logits)
+            return StepOutput(loss=loss, num_items=count, logs=logs, outputs=logits.detach())
         if self.multi_label:
             target = batch["labels"]
             loss = F.binary_cross_entropy_with_logits(logits.float(), target.float(), reduction="sum")
