@@ -107,39 +107,58 @@ def test_loss_is_the_summed_cross_entropy_of_the_masked_tokens(tmp_path):
 # ----------------------------------------------------------------------------- runs
 
 
+WORDS = [f"w{i}" for i in range(20)]
+
+
+def counting_corpus(path, n=800, seed=0):
+    """Lines of consecutive words (w3 w4 w5 ...), cycling mod 20: a masked word follows from its neighbours."""
+    g = torch.Generator().manual_seed(seed)
+    lines = []
+    for _ in range(n):
+        start, length = torch.randint(20, (1,), generator=g).item(), torch.randint(6, 12, (1,), generator=g).item()
+        lines.append(" ".join(WORDS[(start + k) % 20] for k in range(length)))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("mlm") / "run"
-    result = run_cli("run", "mlm_synthetic", f"output_dir={run}", *FAST, "data.num_sentences=3000",
-                     "model.dim=48", "train.max_steps=200", "train.eval_every=200", "train.log_every=20",
-                     "schedule.warmup_steps=20", "optim.lr=3e-3")
+    root = tmp_path_factory.mktemp("mlm")
+    corpus = counting_corpus(root / "count.txt")
+    result = run_cli("run", "mlm_synthetic", f"output_dir={root / 'run'}", *FAST, "data.source=text",
+                     f"data.path={corpus}", "data.max_len=16", "model.max_len=16", "model.pos_encoding=rotary", "train.max_steps=250",
+                     "train.eval_every=250", "train.log_every=10", "schedule.warmup_steps=10", "optim.lr=3e-3")
     assert result.exit_code == 0, result.output
-    return run
+    return root / "run"
 
 
+@pytest.mark.slow  # the shared 250-step run: ~30 s on a loaded 2-core CPU
 def test_short_run_learns_and_writes_the_files_text_classification_reads(trained_run):
     rows = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
     train = [r["loss"] for r in rows if r["split"] == "train"]
     val = [r for r in rows if "val/top1" in r][-1]
-    tok = TextTokenizer.from_str((trained_run / "artifacts" / TOKENIZER_FILE).read_text())
-    assert train[-1] < 0.6 * train[0]
-    assert val["val/top1"] > 0.35 and val["val/top1"] > 20 / tok.vocab_size  # chance: 1 / vocab
+    assert train[-1] < 0.7 * train[0]
+    assert val["val/top1"] > 0.5  # chance: 1 / 20 words (1 / vocab_size for a guess over the vocabulary)
     assert val["val/top5"] > val["val/top1"]
     assert val["val/perplexity"] == pytest.approx(2.718281828 ** val["val/loss"], rel=1e-4)
+    tok = TextTokenizer.from_str((trained_run / "artifacts" / TOKENIZER_FILE).read_text())
     spec = json.loads((trained_run / "artifacts" / ENCODER_FILE).read_text())
-    assert spec["vocab_size"] == tok.vocab_size and spec["cfg"]["dim"] == 48
+    assert spec["vocab_size"] == tok.vocab_size and spec["cfg"]["dim"] == 32 and spec["cfg"]["max_len"] == 16
     weights = load_file(trained_run / "model.safetensors")
     assert "encoder.tok_embed.weight" in weights and "head.dense.weight" in weights
 
 
+@pytest.mark.slow
 def test_predict_fills_each_mask(trained_run):
     task, model = load_run(trained_run, overrides=["predict.top_k=3"])
-    good, bad = task.predict(model, ["the movie was [MASK] , not [MASK]", "no mask here"])
+    good, bad = task.predict(model, ["w3 w4 [MASK] w6 w7 [MASK] w9", "no mask here"])
     assert len(good["masks"]) == 2 and all(len(m["tokens"]) == 3 for m in good["masks"])
-    assert "[MASK]" not in good["filled"] and good["filled"].startswith("the movie was")
+    words = good["filled"].split()
+    assert words[:2] + words[3:5] + words[6:] == ["w3", "w4", "w6", "w7", "w9"]
+    assert [words[2], words[5]] == [m["tokens"][0] for m in good["masks"]]  # each [MASK] -> its top token
     assert good["masks"][0]["probs"] == sorted(good["masks"][0]["probs"], reverse=True)
     assert "[MASK]" in bad["error"]
-    result = run_cli("predict", trained_run, "the [MASK] was really good")
+    result = run_cli("predict", trained_run, "w1 [MASK] w3")
     assert result.exit_code == 0 and "filled" in result.output, result.output
 
 
@@ -147,6 +166,8 @@ def test_resume_is_exact(tmp_path):
     small = [*FAST, "data.num_sentences=300", "train.batch_size=8", "train.eval_every=3", "train.log_every=1"]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     assert run_cli("run", "mlm_synthetic", f"output_dir={straight}", "train.max_steps=6", *small).exit_code == 0
+    # the same vocabulary for both runs: the wordpiece trainer breaks count ties differently from run to run
+    small.append(f"tokenizer.path={straight / 'artifacts' / TOKENIZER_FILE}")
     assert run_cli("run", "mlm_synthetic", f"output_dir={halves}", "train.max_steps=3", *small).exit_code == 0
     result = run_cli("run", "mlm_synthetic", f"output_dir={halves}", "train.max_steps=6", "--resume", *small)
     assert result.exit_code == 0, result.output
