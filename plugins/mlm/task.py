@@ -46,7 +46,7 @@ _VAL_CHUNK = 1024  # val sequences masked per call (the masks are drawn once, fr
 
 
 class MLMTask(Task):
-    """Masked-LM pretraining (BERT): a TextEncoder learns to restore masked tokens of text files, a datasets corpus or synthetic text."""
+    """Masked-LM pretraining (BERT) of the core TextEncoder on text files, a datasets corpus or synthetic text."""
 
     name: ClassVar[str] = "mlm"
     DataConfig: ClassVar[type] = DataConfig

@@ -126,7 +126,8 @@ def trained_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlm")
     corpus = counting_corpus(root / "count.txt")
     result = run_cli("run", "mlm_synthetic", f"output_dir={root / 'run'}", *FAST, "data.source=text",
-                     f"data.path={corpus}", "data.max_len=16", "model.max_len=16", "model.pos_encoding=rotary", "train.max_steps=250",
+                     f"data.path={corpus}", "data.max_len=16", "model.max_len=16",
+                     "model.pos_encoding=rotary", "train.max_steps=250",
                      "train.eval_every=250", "train.log_every=10", "schedule.warmup_steps=10", "optim.lr=3e-3")
     assert result.exit_code == 0, result.output
     return root / "run"
@@ -195,3 +196,32 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     result = run_cli("run", "mlm_synthetic", f"output_dir={tmp_path / 'c'}", "data.source=text",
                      f"data.path={tmp_path / 'missing'}", *FAST)
     assert result.exit_code == 2 and "data.path: no text file" in result.output, result.output
+
+
+# ----------------------------------------------------------------------------- sources and reuse
+
+
+def test_hf_corpus_is_read_from_its_text_column(tmp_path):
+    import datasets
+
+    docs = ["the cat sat on the mat", "", "a dog ran in the park", "the bird sang"] * 20
+    folder = tmp_path / "hub_ds"
+    datasets.Dataset.from_dict({"body": docs, "id": list(range(len(docs)))}).save_to_disk(str(folder))
+    task = make_task(tmp_path, ["data.source=hf", f"data.hf_name={folder}", "data.text_column=body",
+                                "data.val_fraction=0.1", "tokenizer.vocab_size=60"])
+    assert task.texts["train"][:3] == ["the cat sat on the mat", "a dog ran in the park", "the bird sang"]
+    assert len(task.texts["val"]) == 6  # 60 non-empty texts, the last 10%
+    seqs = task.build_dataset("train").items
+    n = task.data.max_len
+    assert all(len(s["input_ids"]) <= n for s in seqs) and len(seqs[0]["input_ids"]) == n  # packed: full sequences
+
+
+def test_text_classification_reuses_the_mlm_tokenizer(tmp_path):
+    mlm = make_task(tmp_path)
+    cfg, task_cls = load_config("textcls_synthetic", [f"output_dir={tmp_path / 'cls'}", "data.num_train=50",
+                                                      "data.num_val=10",
+                                                      f"tokenizer.path={tmp_path / 'run' / 'artifacts' / TOKENIZER_FILE}"])
+    cls = task_cls(cfg, tmp_path / "cls")
+    cls.setup()
+    text = "the movie was not bad"
+    assert cls.encode([text], None).ids[0] == mlm.tokenizer.encode(text)  # [CLS] ... [SEP], the same ids
