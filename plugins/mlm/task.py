@@ -65,13 +65,10 @@ class MLMTask(Task):
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
         d: DataConfig = cfg.sections["data"]
-        m: ModelConfig = cfg.sections["model"]
         tok: MLMTokenizerConfig = cfg.sections.get("tokenizer") or MLMTokenizerConfig()
         problems = check_data(d)
         if tok.path is None and tok.vocab_size < 16:
             problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 16 (5 specials + the text's tokens)")
-        if m.pos_encoding == "learned" and d.max_len > m.max_len:
-            problems.append(f"data.max_len ({d.max_len}) exceeds model.max_len ({m.max_len}); raise model.max_len")
         return problems
 
     # -- state -----------------------------------------------------------------------

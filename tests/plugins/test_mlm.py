@@ -126,7 +126,7 @@ def trained_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlm")
     corpus = counting_corpus(root / "count.txt")
     result = run_cli("run", "mlm_synthetic", f"output_dir={root / 'run'}", *FAST, "data.source=text",
-                     f"data.path={corpus}", "data.max_len=16", "model.max_len=16",
+                     f"data.path={corpus}", "data.max_len=16",
                      "model.pos_encoding=rotary", "train.max_steps=250",
                      "train.eval_every=250", "train.log_every=10", "schedule.warmup_steps=10", "optim.lr=3e-3")
     assert result.exit_code == 0, result.output
