@@ -70,6 +70,7 @@ setup(
         "tk.tasks": [
             "image_classification = tk.plugins.image_classification:ImageClassificationTask",
             "language_model = tk.plugins.language_model:LanguageModelTask",
+            "mlm = tk.plugins.mlm:MLMTask",
             "text_classification = tk.plugins.text_classification:TextClassificationTask",
             "translation = tk.plugins.translation:TranslationTask",
         ],

@@ -20,6 +20,7 @@ OFFLINE = {
                     "data.num_val=16", "tokenizer.vocab_size=60", "model.dim=32", "model.depth=1",
                     "model.hidden_dim=64", "decode.beam_size=1", "decode.max_len_b=4"],
     "language_model": ["data.source=synthetic", "data.num_sentences=500", "data.eval_blocks=4"],
+    "mlm": ["data.source=synthetic", "data.num_sentences=300", "tokenizer.vocab_size=100"],
 }
 # Per recipe: overrides for what needs more than data offline (a teacher run, hub weights).
 OFFLINE_RECIPE = {
