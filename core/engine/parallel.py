@@ -68,13 +68,13 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
     Raises:
         TkError: one process, or no block list found in the model.
     """
-    if world_size < 2:
-        raise TkError("train.strategy: fsdp shards the model over several processes; start them with "
-                      "`tk run --nproc-per-node N` (N >= 2), or use train.strategy=ddp for one process")
     blocks = shard_blocks(model)
     if not blocks:
         raise TkError(f"train.strategy: fsdp: {type(model).__name__} has no `layers` or `blocks` module list "
                       f"of Transformer blocks to shard; use train.strategy=ddp or give the model such a list")
+    if world_size < 2:
+        raise TkError("train.strategy: fsdp shards the model over several processes; start them with "
+                      "`tk run --nproc-per-node N` (N >= 2), or use train.strategy=ddp for one process")
     _broadcast_from_rank0(model)
     mesh = init_device_mesh(device.type, (world_size,))
     options: dict[str, Any] = {"mesh": mesh}
