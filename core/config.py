@@ -313,6 +313,9 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
     if t.strategy == "fsdp" and t.ema_decay is not None:
         problems.append("train.ema_decay: EMA is not supported with train.strategy: fsdp (the average would "
                         "need the full weights on every process); set train.ema_decay=null or use ddp")
+    if t.strategy == "fsdp" and t.precision == "fp16":  # the GradScaler's overflow check would see one shard only
+        problems.append("train.precision: fp16 is not supported with train.strategy: fsdp (its loss scaling "
+                        "would skip steps on some shards only); use train.precision=bf16")
     repeated = sorted({n for n in t.loggers if t.loggers.count(n) > 1})
     if repeated:
         problems.append(f"train.loggers: {', '.join(repeated)} listed more than once")

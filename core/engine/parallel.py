@@ -31,7 +31,7 @@ __all__ = ["wrap_model", "shard_blocks", "is_fsdp", "gradient_sync", "gathered",
            "load_full_training_state"]
 
 _BLOCK_LISTS = ("layers", "blocks")  # core TransformerStack.layers; timm ViT.blocks
-_PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_PARAM_DTYPES = {"bf16": torch.bfloat16}  # fp16 is refused with fsdp (core/config.py)
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0, in CPU memory
 
 
@@ -62,8 +62,8 @@ def _broadcast_from_rank0(model: nn.Module) -> None:
 
 def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision: str = "fp32") -> nn.Module:
     """Shard ``model`` in place with FSDP2: each Transformer block, then the root (embeddings,
-    heads and the rest), over a 1-D device mesh of all processes. On CUDA, bf16/fp16
-    ``precision`` becomes FSDP's parameter dtype (gradients reduced in fp32).
+    heads and the rest), over a 1-D device mesh of all processes. On CUDA, bf16 ``precision``
+    becomes FSDP's parameter dtype (gradients reduced in fp32).
 
     Raises:
         TkError: one process, or no block list found in the model.
@@ -96,7 +96,7 @@ def wrap_model(model: nn.Module, strategy: str, device: torch.device, world_size
 
 
 def autocast_needed(strategy: str, device: torch.device) -> bool:
-    """Whether the run's bf16/fp16 comes from autocast: not for FSDP on CUDA, whose
+    """Whether the run's bf16 comes from autocast: not for FSDP on CUDA, whose
     ``MixedPrecisionPolicy`` casts the parameters instead."""
     return not (strategy == "fsdp" and device.type == "cuda")
 
