@@ -45,8 +45,8 @@ setup(
     package_data={"tk.recipes": ["*.yaml"]},
     include_package_data=False,
     install_requires=[
-        "torch>=2.4,<=2.14.1",
-        "torchvision>=0.19,<=0.29.1",
+        "torch>=2.6,<=2.14.1",
+        "torchvision>=0.21,<=0.29.1",
         "timm>=1.0",
         "tokenizers>=0.15",
         "datasets>=2.18",

@@ -52,6 +52,8 @@ class TrainConfig:
     overfit_batches: int | None = None  # sanity mode: train on these N fixed batches only; None = off
     early_stopping_patience: int | None = None  # stop after N evaluations without a better best_metric
     compile: bool = False  # torch.compile the model for training (evaluation stays eager)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"  # torch.compile mode (train.compile)
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # several processes: ddp (whole model per process) or fsdp (sharded per block; docs/scaling.md)
     loggers: list[Literal["jsonl", "csv", "tensorboard", "wandb"]] = field(
         default_factory=lambda: ["jsonl", "csv"])  # where scalars go: jsonl (always written), csv, tensorboard, wandb (pip install tk[NAME])
     wandb_project: str | None = None  # W&B project (loggers: [wandb]); null: "tk"
@@ -308,6 +310,12 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
         problems.append(f"train.ema_decay: must be in [0, 1) (or null for no EMA), got {t.ema_decay}")
     if t.ema_warmup_steps < 0:
         problems.append(f"train.ema_warmup_steps: must be >= 0, got {t.ema_warmup_steps}")
+    if t.strategy == "fsdp" and t.ema_decay is not None:
+        problems.append("train.ema_decay: EMA is not supported with train.strategy: fsdp (the average would "
+                        "need the full weights on every process); set train.ema_decay=null or use ddp")
+    if t.strategy == "fsdp" and t.precision == "fp16":  # the GradScaler's overflow check would see one shard only
+        problems.append("train.precision: fp16 is not supported with train.strategy: fsdp (its loss scaling "
+                        "would skip steps on some shards only); use train.precision=bf16")
     repeated = sorted({n for n in t.loggers if t.loggers.count(n) > 1})
     if repeated:
         problems.append(f"train.loggers: {', '.join(repeated)} listed more than once")

@@ -13,6 +13,8 @@ from typing import Callable, Literal
 import torch
 from torch import nn
 
+from tk.core.errors import TkError
+
 __all__ = ["OptimConfig", "build_optimizer", "param_groups"]
 
 
@@ -29,6 +31,8 @@ class OptimConfig:
     nesterov: bool = False  # SGD: use Nesterov momentum
     layer_decay: float | None = None  # layer-wise lr decay in (0, 1]: group lr *= decay**(L - layer_id)
     decay_norm_and_bias: bool = False  # also decay norms, biases, embeddings (off: timm's convention)
+    fused: bool | None = None  # torch's fused kernel (one kernel for all parameters; CUDA, and CPU in torch >= 2.4); None: torch's default
+    foreach: bool | None = None  # torch's multi-tensor (foreach) implementation; None: torch's default
 
     def check(self) -> list[str]:
         """Range checks; one message per broken rule, naming the ``optim.*`` key."""
@@ -47,6 +51,8 @@ class OptimConfig:
             errors.append("optim.nesterov needs optim.momentum > 0, got 0")
         if self.layer_decay is not None and not 0.0 < self.layer_decay <= 1.0:
             errors.append(f"optim.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
+        if self.fused and self.foreach:
+            errors.append("optim.fused and optim.foreach: choose one of them (set the other to null)")
         if self.name not in ("adamw", "sgd"):
             errors.append(f"optim.name must be 'adamw' or 'sgd', got {self.name!r}")
         return errors
@@ -184,7 +190,16 @@ def build_optimizer(
         raise ValueError("; ".join(errors))
     if groups is None:
         groups = param_groups(model, cfg, layer_id_fn, num_layers)
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    kernels = {"fused": cfg.fused, "foreach": cfg.foreach}
+    try:
+        if cfg.name == "adamw":
+            return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kernels)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernels)
+    except RuntimeError as e:  # e.g. "`fused=True` requires all the params to be floating point Tensors of
+        # supported devices" (the device or dtype has no fused kernel in this torch)
+        if not cfg.fused:
+            raise
+        first = (str(e).splitlines() or [""])[0]
+        raise TkError(f"optim.fused: torch {torch.__version__} has no fused {cfg.name} kernel for these "
+                         f"parameters ({first}); set optim.fused=null") from None
 

@@ -123,18 +123,21 @@ class Precision:
     Args:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (``train.precision``).
         device: the training device.
+        autocast: False when something else casts to bf16/fp16 (FSDP's ``MixedPrecisionPolicy``
+            on CUDA): :meth:`autocast` is then a no-op; fp16 keeps its loss scaling.
 
     Raises:
         TkError: see :func:`check_precision`.
     """
 
-    def __init__(self, precision: str, device: torch.device | str) -> None:
+    def __init__(self, precision: str, device: torch.device | str, autocast: bool = True) -> None:
         problem = check_precision(precision, device)
         if problem:
             raise TkError(problem)
         self.name = precision
         self.device = torch.device(device)
         self.dtype = _DTYPES[precision]
+        self._autocast = autocast
         self.scaling: LossScaling | None = LossScaling(torch.amp.GradScaler("cuda")) if precision == "fp16" else None
         # appended to the message that stops a run after repeated non-finite steps
         self.non_finite_hint = " fp16 overflows easily: try train.precision=bf16." if precision == "fp16" else ""
@@ -146,7 +149,7 @@ class Precision:
 
     def autocast(self) -> ContextManager:
         """Context for the forward pass and loss (a no-op for fp32)."""
-        if self.name == "fp32":
+        if self.name == "fp32" or not self._autocast:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 

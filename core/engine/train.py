@@ -23,7 +23,7 @@ from tk.core.config import RunConfig
 from tk.core.distributed import agreed_log_keys, main_process_first
 from tk.core.engine.assemble import assemble
 from tk.core.engine.best import BestTracker
-from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, run_loaders, split_loader, wrap_ddp
+from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, run_loaders, split_loader
 from tk.core.engine.checkpoint import CheckpointManager, preserved_rng, read_resume_checkpoint
 from tk.core.engine.curves import CurvesWriter
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
@@ -31,6 +31,7 @@ from tk.core.engine.ema import ModelEMA
 from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.export import export_safetensors
 from tk.core.engine.loggers import open_loggers
+from tk.core.engine.parallel import autocast_needed, full_model_state, gathered, gradient_sync, wrap_model
 from tk.core.engine.precision import Precision
 from tk.core.engine.progress import RunProgress, eval_due
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, train_record
@@ -76,7 +77,7 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.log = RunLog(self.run_dir, enabled=self.is_main, csv="csv" in t.loggers)
         seed_everything(t.seed + self.rank, t.deterministic)
-        self.precision = Precision(t.precision, self.device)
+        self.precision = Precision(t.precision, self.device, autocast=autocast_needed(t.strategy, self.device))
 
         state = read_resume_checkpoint(resume_from, self.device) if resume_from is not None else None
         loaders = partial(run_loaders, t=t, rank=self.rank, world_size=self.world_size, device=self.device)
@@ -94,8 +95,8 @@ class Trainer:
             enable_grad_checkpointing(self.model)
         self.model.to(self.device)
         self.task.teacher = prepare_teacher(self.task.build_teacher(), self.device)
-        self.ddp_model = wrap_ddp(self.model, self.device, self.world_size)
-        self.train_model = torch.compile(self.ddp_model) if t.compile else self.ddp_model
+        self.ddp_model = wrap_model(self.model, t.strategy, self.device, self.world_size, t.precision)
+        self.train_model = torch.compile(self.ddp_model, mode=t.compile_mode) if t.compile else self.ddp_model
         self.ema = ModelEMA(self.model, t.ema_decay, t.ema_warmup_steps) if t.ema_decay is not None else None
         self.optimizer = build_optimizer(self.model, cfg.optim, groups=self.task.param_groups(self.model, cfg.optim))
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, self.total_steps)
@@ -140,10 +141,8 @@ class Trainer:
 
     def _forward_backward(self, batch: dict[str, Any], sync: bool, prescale: bool) -> StepOutput:
         batch = move_to_device(batch, self.device)
-        # DDP all-reduces gradients only on the last micro-batch of an update.
-        no_sync = None if sync else getattr(self.ddp_model, "no_sync", None)
         meter = ActivationMeter(self.model) if self._activation_bytes is None and not self.tcfg.compile else None
-        with no_sync() if no_sync is not None else contextlib.nullcontext():
+        with gradient_sync(self.ddp_model, sync):  # gradients are reduced on the last micro-batch only
             with meter or contextlib.nullcontext(), self.precision.autocast():
                 batch = self.task.transform_batch(batch, training=True)
                 out = self.task.loss(self.train_model, batch)
@@ -234,7 +233,7 @@ class Trainer:
         """
         ctx = EvalContext(split, self.step, kind, self.counts.evaluations, prefix or "")
         out_dir = self.run_dir / "eval" if self.run_dir is not None else None
-        with preserved_rng():
+        with preserved_rng(), gathered(self.model):  # fsdp: the full weights, for any method of the model
             loader = self.val_loader if split == "val" else \
                 split_loader(self.task, split, self.tcfg, False, self.rank, self.world_size, self.device)
             return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision, ctx,
@@ -313,8 +312,9 @@ class Trainer:
             self.counts.start_clock()
             with stop_signals(self.stop, rearm=self.world_size == 1):
                 results = self._loop(bar)
+            weights = full_model_state(self.model)  # fsdp: gathered to rank 0 (a collective)
             if self.checkpoints is not None:
-                export_safetensors(self.model, self.run_dir / "model.safetensors")
+                export_safetensors(weights, self.run_dir / "model.safetensors")
                 if self.ema is not None:
                     export_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
         except TrainingInterrupted:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tk.core.config import config_diff
 from tk.core.engine.checkpoint import gather_rng_states, load_resumed_model, restore_rng_state
+from tk.core.engine.parallel import full_training_state, is_fsdp, load_full_training_state
+from tk.core.errors import TkError
 
 if TYPE_CHECKING:
     from tk.core.engine.train import Trainer
@@ -22,8 +25,11 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     """Everything a resume needs. Collective when distributed: call on every process."""
     t = trainer
     rng = gather_rng_states(t.world_size)
+    # fsdp: full state dicts gathered to rank 0, so any number of processes can resume them
+    model, optimizer = full_training_state(t.model, t.optimizer) if is_fsdp(t.model) else \
+        (t.model.state_dict(), t.optimizer.state_dict())
     return {
-        "model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(),
+        "model": model, "optimizer": optimizer, "strategy": t.tcfg.strategy,
         "scheduler": t.scheduler.state_dict(), "precision": t.precision.state_dict(),
         "ema": t.ema.state_dict() if t.ema is not None else None,
         "step": t.step, "data": t.batches.state_dict(), "progress": t.progress,
@@ -41,10 +47,18 @@ def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
             the config settings that differ).
     """
     t = trainer
-    diff = load_resumed_model(t.model, state, t.cfg.to_dict())
+    saved = state.get("strategy", "ddp")
+    if (saved == "fsdp") != is_fsdp(t.model):  # the optimiser states differ: keyed by name vs by index
+        raise TkError(f"--resume: the checkpoint was written with train.strategy={saved} but this run uses "
+                      f"train.strategy={t.tcfg.strategy}; resume with train.strategy={saved}")
+    if is_fsdp(t.model):
+        diff = config_diff(state.get("config", {}), t.cfg.to_dict())
+        load_full_training_state(t.model, t.optimizer, state["model"], state["optimizer"])
+    else:
+        diff = load_resumed_model(t.model, state, t.cfg.to_dict())
+        t.optimizer.load_state_dict(state["optimizer"])
     if diff:
         t.log.echo("resuming with changed settings: " + "; ".join(diff))
-    t.optimizer.load_state_dict(state["optimizer"])
     t.scheduler.load_state_dict(state["scheduler"])
     t.precision.load_state_dict(state["precision"])
     if t.ema is not None:

@@ -16,11 +16,12 @@ import math
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from tk.core.distributed import all_reduce_sum, float64_vector
 from tk.core.step import StepOutput
 
-__all__ = ["UpdateSums", "Synced", "sync_to_host", "normalise_and_clip_", "first_non_finite", "UpdateResult",
+__all__ = ["UpdateSums", "Synced", "local_tensors", "grad_norms", "sync_to_host", "normalise_and_clip_", "first_non_finite", "UpdateResult",
            "apply_update", "step_or_skip"]
 
 
@@ -70,6 +71,24 @@ class Synced(NamedTuple):
     numbers: list[float]  # the numbers given, in order
 
 
+def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """This process's part of each tensor: the local shard of a DTensor (FSDP2's sharded
+    gradients; in-place ops on it change the DTensor), the tensor itself otherwise."""
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def grad_norms(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-tensor L2 norms of ``grads``, whose ``hypot`` is the global norm. Sharded
+    (DTensor) gradients give one norm: that of all shards of all processes (their squared
+    local norms all-reduced on the device, no host sync), so clipping sees the full model's."""
+    if not grads:
+        return []
+    if not any(isinstance(g, DTensor) for g in grads):
+        return list(torch._foreach_norm(list(grads)))
+    squares = torch.stack(torch._foreach_norm(local_tensors(grads))).double().square().sum()
+    return [all_reduce_sum(squares).sqrt()]
+
+
 def sync_to_host(loss: torch.Tensor, grads: Sequence[torch.Tensor], scale: float | torch.Tensor,
                  numbers: Sequence[float | torch.Tensor] = ()) -> Synced:
     """Bring the loss, ``scale``, ``numbers`` and the per-tensor gradient norms to the
@@ -86,7 +105,7 @@ def sync_to_host(loss: torch.Tensor, grads: Sequence[torch.Tensor], scale: float
     tensors = [v if v.is_floating_point() else v.double() for v in numbers if torch.is_tensor(v)]
     synced = [loss, *tensors, scale] if torch.is_tensor(scale) else [loss, *tensors]
     synced = [t if t.device == loss.device else t.to(loss.device) for t in synced]  # e.g. a CPU item count
-    host = torch.stack([*synced, *(torch._foreach_norm(grads) if grads else ())]).tolist()  # the one host sync
+    host = torch.stack([*synced, *grad_norms(grads)]).tolist()  # the one host sync
     head = len(synced)
     scale = host[head - 1] if torch.is_tensor(scale) else scale
     values = iter(host[1:1 + len(tensors)])
@@ -110,12 +129,13 @@ def normalise_and_clip_(grads: Sequence[torch.Tensor], scale: float, grad_norm: 
         return
     factor = scale if max_norm is None else scale * min(1.0, max_norm / (grad_norm + 1e-6))
     if factor != 1.0 and grads:
-        torch._foreach_mul_(list(grads), factor)
+        torch._foreach_mul_(local_tensors(grads), factor)
 
 
 def first_non_finite(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> str | None:
     """The name of the first parameter whose gradient holds an inf/NaN (None: none does)."""
-    return next((name for name, p in named_params if p.grad is not None and not torch.isfinite(p.grad).all()), None)
+    return next((name for name, p in named_params
+                 if p.grad is not None and not torch.isfinite(local_tensors([p.grad])[0]).all()), None)
 
 
 class UpdateResult(NamedTuple):

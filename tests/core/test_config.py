@@ -183,3 +183,15 @@ def test_yaml_merge_keys_may_be_overridden_without_a_duplicate_error(toy_site, t
     path.write_text(base)
     cfg, _ = load_config(str(path))
     assert cfg.optim.lr == 0.25 and cfg.optim.weight_decay == 0.1
+
+
+def test_strategy_compile_mode_and_optimiser_kernels(toy_site, toy_recipe):
+    cfg, _ = load_config(str(toy_recipe), ["train.strategy=fsdp", "train.compile_mode=max-autotune", "optim.fused=true"])
+    assert (cfg.train.strategy, cfg.train.compile_mode, cfg.optim.fused, cfg.optim.foreach) == \
+        ("fsdp", "max-autotune", True, None)
+    with pytest.raises(ConfigError) as e:
+        load_config(str(toy_recipe), ["train.strategy=zero3", "train.compile_mode=fast", "train.strategy=fsdp",
+                                      "train.ema_decay=0.9", "optim.foreach=true", "optim.fused=true"])
+    msg = str(e.value)
+    assert "override 'train.compile_mode=fast': expected one of 'default', 'reduce-overhead', 'max-autotune'" in msg
+    assert "EMA is not supported with train.strategy: fsdp" in msg and "choose one of them" in msg
