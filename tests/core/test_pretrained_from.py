@@ -138,3 +138,49 @@ def test_language_model_continued_on_other_data(tmp_path):
     cont = train("lm_synthetic", tmp_path / "cont", [*new, "data.seed=3", f"model.pretrained_from={src}"])
     task, model = load_run(cont, "last")
     assert task.model_cfg.num_kv_heads == 2
+
+
+VIT = ["data.num_train=32", "data.num_val=16", "train.batch_size=8", "train.eval_batch_size=16", "train.max_steps=2",
+       "train.eval_every=2", "train.num_workers=0", "train.progress=false", "model.patch_size=8", "model.dim=32",
+       "model.depth=2", "model.num_heads=4"]
+
+
+def image_folder(root):
+    """3 classes of 32x32 images in root/train and root/val (another class count than the source's 10)."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c, colour in enumerate(("red", "green", "blue")):
+            (root / split / colour).mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (32, 32), colour).save(root / split / colour / f"{i}.png")
+    return root
+
+
+def test_image_classification_from_a_vit_run(tmp_path):
+    """A quickstart ViT run -> a 3-class image-folder run: the backbone is the source's at step 0,
+    the head new (3 classes), the normalisation the source's; the old key names the new one."""
+    src = train("quickstart", tmp_path / "src", [*VIT, "model.mlp_ratio=3.0"])
+    _, source = load_run(src, "last")
+    root = image_folder(tmp_path / "images")
+    task, model = fresh("quickstart", tmp_path / "new", [*VIT, "data.source=imagefolder", f"data.root={root}",
+                                                        f"model.pretrained_from={src}"])
+    theirs, mine = source.state_dict(), model.state_dict()
+    assert task.model_cfg.mlp_ratio == 3.0 and mine["head.weight"].shape[0] == 3
+    for key, value in theirs.items():
+        if not key.startswith("head."):
+            torch.testing.assert_close(mine[key], value, rtol=0, atol=0, msg=key)
+    norm = "artifacts/normalize.json"
+    assert json.loads((tmp_path / "new" / norm).read_text()) == json.loads((src / norm).read_text())
+    result = tk(["run", "quickstart", f"output_dir={tmp_path / 'old'}", *VIT, f"model.pretrained_file={src}"])
+    assert result.exit_code == 2 and "model.pretrained_file was renamed to model.pretrained_from" in result.output
+    result = tk(["run", "quickstart", f"output_dir={tmp_path / 'bad'}", *VIT, "model.dim=48",
+                 f"model.pretrained_from={src}"])
+    assert result.exit_code == 2 and "model.dim: the recipe sets 48 but" in result.output, result.output
+    assert not (tmp_path / "bad").exists()
+
+
+def test_translation_says_not_supported_yet(tmp_path):
+    result = tk(["run", "translation_synthetic", f"output_dir={tmp_path / 'tr'}", f"model.pretrained_from={tmp_path}"])
+    assert result.exit_code == 2 and "model.pretrained_from is not supported yet for translation" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "tr").exists()
