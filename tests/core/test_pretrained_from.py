@@ -184,3 +184,32 @@ def test_translation_says_not_supported_yet(tmp_path):
     result = tk(["run", "translation_synthetic", f"output_dir={tmp_path / 'tr'}", f"model.pretrained_from={tmp_path}"])
     assert result.exit_code == 2 and "model.pretrained_from is not supported yet for translation" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "tr").exists()
+
+
+def test_an_mlm_run_is_a_source(textcls_run, tmp_path):
+    """Any run whose model keeps a TextEncoder under encoder.* (an mlm run: task mlm, its own head)."""
+    import shutil
+
+    import yaml
+
+    mlm = tmp_path / "mlm"
+    shutil.copytree(textcls_run, mlm)
+    config = yaml.safe_load((mlm / "config.yaml").read_text())
+    (mlm / "config.yaml").write_text(yaml.safe_dump({**config, "task": "mlm"}))
+    _, model = fresh("textcls_synthetic", tmp_path / "new", [*TEXTCLS, f"model.pretrained_from={mlm}"])
+    _, source = load_run(textcls_run, "best")
+    torch.testing.assert_close(model.encoder.tok_embed.weight, source.encoder.tok_embed.weight, rtol=0, atol=0)
+
+
+def test_load_backbone_names_the_first_misfit():
+    from tk.core.engine.inference import load_backbone
+    from tk.core.errors import TkError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    weights = {"0.weight": torch.ones(3, 4), "0.bias": torch.ones(3), "1.weight": torch.ones(2, 3)}
+    assert load_backbone(model, weights, exclude=("1.",)) == ["0.weight", "0.bias"]
+    assert torch.equal(model[0].weight, torch.ones(3, 4)) and not torch.equal(model[1].weight, torch.ones(2, 3))
+    with pytest.raises(TkError, match=r"tensor '0.weight' is \(5, 4\) in the source but \(3, 4\) in this model"):
+        load_backbone(model, {**weights, "0.weight": torch.ones(5, 4)})
+    with pytest.raises(TkError, match=r"the source model has no tensor '1.bias'"):
+        load_backbone(model, weights)
