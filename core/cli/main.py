@@ -122,12 +122,16 @@ def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @overrides_argument
 @debug_option
 def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
-    """Check a recipe (schema, cross-field rules, the device and precision on this
-    machine) without running it; everything `tk run` checks except the data."""
+    """Check a recipe (schema, cross-field rules, a pretrained source, the device and
+    precision on this machine) without running it; everything `tk run` checks except the data."""
     from tk.core.engine.device import preflight
+    from tk.core.errors import TkError
     from tk.core.recipe import load_config
 
-    cfg, _ = load_config(recipe, list(overrides))
+    cfg, task_cls = load_config(recipe, list(overrides))
+    problems = task_cls.check_fresh_run(cfg)
+    if problems:
+        raise TkError("; ".join(problems))
     preflight(cfg)
     click.echo(f"{cfg.source}: ok (task {cfg.task})")
 

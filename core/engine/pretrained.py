@@ -87,8 +87,8 @@ class SourceRun:
                 self._state = load_checkpoint(self.checkpoint, mmap=True)
             except TkError as e:
                 raise TkError(f"{KEY}: {e}") from e
-            if "model" not in self._state:
-                raise TkError(f"{KEY}: {self.checkpoint} holds no model weights; give a checkpoint written by `tk run`")
+        if not isinstance(self._state.get("model"), Mapping):
+            raise TkError(f"{KEY}: {self.checkpoint} holds no model weights; give a checkpoint written by `tk run`")
         best = str(self.section("train").get("best_metric") or "")
         ema = self._state.get("ema")
         if best.startswith("val_ema/") and isinstance(ema, Mapping) and "module" in ema:

@@ -145,8 +145,8 @@ class LanguageModelTask(Task):
             return
         source = open_source(self.model_cfg.pretrained_from, self.name, (self.name,))
         if source is None:
-            raise TkError(f"model.pretrained_from: {self.model_cfg.pretrained_from} is not a tk run dir (with config.yaml) "
-                          f"or a .pt checkpoint; give the output_dir of a language_model run")
+            raise TkError(f"model.pretrained_from: {self.model_cfg.pretrained_from} is neither a tk run dir (a folder "
+                          f"with config.yaml) nor a .pt checkpoint; give the output_dir of a language_model run")
         theirs = source.section("tokenizer").get("kind")
         if self.tok_cfg.path is not None:
             raise TkError(f"tokenizer.path: model.pretrained_from brings the source run's tokenizer; remove "

@@ -114,6 +114,8 @@ def test_errors_name_the_problem(textcls_run, tmp_path):
         assert result.exit_code == 2 and expected in result.output, (override, result.output)
         assert len(result.output.strip().splitlines()) == 1, result.output
         assert not out.exists(), override
+    result = tk(["validate", "textcls_synthetic", f"model.pretrained_from={lm_run}"])  # validate checks it too
+    assert result.exit_code == 2 and "is a language_model run" in result.output, result.output
 
 
 def test_language_model_continued_on_other_data(tmp_path):
