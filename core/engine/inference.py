@@ -42,8 +42,8 @@ from tk.core.task import Task
 
 __all__ = ["average_run", "evaluate_run", "load_run", "predict_run", "resolve_checkpoint", "step_checkpoints",
            # a run as a pretrained source (tk.core.engine.pretrained), for the plugins' setup/init_pretrained
-           "RECORD_FILE", "TRANSFORMER_SHAPE_KEYS", "SourceRun", "adopt_shape", "load_backbone", "open_source", "read_record",
-           "shape_conflicts", "write_record"]
+           "RECORD_FILE", "TRANSFORMER_SHAPE_KEYS", "SourceRun", "adopt_shape", "load_backbone", "open_source",
+           "read_record", "shape_conflicts", "write_record"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 

@@ -38,8 +38,8 @@ from tk.core.artifacts import ARTIFACTS_DIR, TaskFiles
 from tk.core.engine.checkpoint import load_checkpoint
 from tk.core.errors import TkError
 
-__all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_source", "shape_conflicts", "adopt_shape", "load_backbone",
-           "write_record", "read_record"]
+__all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_source", "shape_conflicts",
+           "adopt_shape", "load_backbone", "write_record", "read_record"]
 
 # the model-section keys of core's TransformerConfig that shape a backbone's tensors (or its
 # computation): a run started from another takes these from the source's config
@@ -241,7 +241,8 @@ def load_backbone(model: nn.Module, weights: Mapping[str, torch.Tensor], prefix:
     for name in names:
         if name not in weights:
             raise TkError(f"{KEY}: the source model has no tensor {name!r} (its backbone tensors under "
-                          f"{prefix or 'the root'!r} differ from this model's); start from a run with the same backbone")
+                          f"{prefix or 'the root'!r} differ from this model's); start from a run with the same "
+                          f"backbone")
         if tuple(weights[name].shape) != tuple(own[name].shape):
             raise TkError(f"{KEY}: tensor {name!r} is {tuple(weights[name].shape)} in the source but "
                           f"{tuple(own[name].shape)} in this model; give a source whose shape matches")

@@ -39,7 +39,8 @@ import torch
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
 
-__all__ = ["is_hub_id", "bert_config", "bert_state_dict", "load_bert_weights", "read_bert_config", "resolve_pretrained_dir"]
+__all__ = ["is_hub_id", "bert_config", "bert_state_dict", "load_bert_weights", "read_bert_config",
+           "resolve_pretrained_dir"]
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "owner/name"

@@ -23,7 +23,7 @@ from tk.core.nn.vit import VisionTransformer, load_timm_vit
 HEADS = ("head.", "head_dist.", "fc.", "classifier.")  # classifier prefixes (ViT, ResNet, others): re-initialised
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".bin")  # a model.pretrained_from file of timm weights (.pt: a tk checkpoint)
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".bin")  # model.pretrained_from: timm weights (.pt: a tk checkpoint)
 
 
 def source_kind(spec: str | None) -> str | None:
@@ -69,7 +69,8 @@ def open_vit_run(m: Any, img_size: int) -> tuple[SourceRun, Any] | None:
     return source, adopted
 
 
-def check_pretrained(pretrained: bool, timm_name: str | None, freeze: str, pretrained_from: str | None = None) -> list[str]:
+def check_pretrained(pretrained: bool, timm_name: str | None, freeze: str,
+                     pretrained_from: str | None = None) -> list[str]:
     """Problems of the fine-tuning keys of ``model:``."""
     problems = []
     kind = source_kind(pretrained_from)
@@ -94,8 +95,8 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise TkError(f"model.pretrained_from: {path} does not exist; give a tk ViT run dir or .pt checkpoint, a .safetensors/.pth file of timm "
-                       f"weights, or a timm ViT name")
+        raise TkError(f"model.pretrained_from: {path} does not exist; give a tk ViT run dir or .pt checkpoint, "
+                      f"a .safetensors/.pth file of timm weights, or a timm ViT name")
     try:
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file  # lazy: only .safetensors files need it
@@ -117,8 +118,9 @@ def _is_head(name: str) -> bool:
 def load_pretrained_vit(model: VisionTransformer, path: str | None, timm_name: str | None = None,
                         weights: dict[str, torch.Tensor] | None = None) -> None:
     """timm ViT weights from ``path`` (or, without a path, timm's published weights of
-    ``timm_name`` from the hub, or the state dict ``weights`` of a tk ViT run) into the tk ViT; heads keep their fresh initialisation,
-    position embeddings (and the patch kernel) are resampled to the model's grid.
+    ``timm_name`` from the hub, or the state dict ``weights`` of a tk ViT run) into the tk ViT;
+    heads keep their fresh initialisation, position embeddings (and the patch kernel) are
+    resampled to the model's grid.
 
     Raises:
         TkError: the file is missing or does not fit, naming the file and the first bad tensor;

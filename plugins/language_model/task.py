@@ -152,8 +152,9 @@ class LanguageModelTask(Task):
             raise TkError(f"tokenizer.path: model.pretrained_from brings the source run's tokenizer; remove "
                           f"tokenizer.path ({self.tok_cfg.path})")
         if theirs is not None and self.tok_cfg.kind != theirs and self.tok_cfg.kind != TokenizerConfig().kind:
-            raise TkError(f"tokenizer.kind: the recipe asks for {self.tok_cfg.kind!r} but the model.pretrained_from run "
-                          f"uses {theirs!r} (its tokenizer comes with it); remove tokenizer.kind or set it to {theirs!r}")
+            raise TkError(f"tokenizer.kind: the recipe asks for {self.tok_cfg.kind!r} but the model.pretrained_from "
+                          f"run uses {theirs!r} (its tokenizer comes with it); remove tokenizer.kind or set it to "
+                          f"{theirs!r}")
         self.model_cfg = adopt_shape(self.model_cfg, source.section("model"), TRANSFORMER_SHAPE_KEYS)
         m = self.model_cfg
         if m.pos_encoding == "learned" and self.data.block_size > m.max_len:

@@ -106,8 +106,7 @@ class TextClassificationTask(Task):
         task, spec = cls(cfg), cfg.sections["model"].pretrained_from
         try:
             if task.source is not None:
-                task._source_encoder_spec(task.source)
-                task.source.read_file(TOKENIZER_FILE)
+                task._from_source(task.source)
             elif spec is not None and not is_hub_id(spec):  # a local HF folder (a hub id downloads in setup)
                 read_bert_config(task.pretrained_path)
         except TkError as e:
@@ -151,16 +150,11 @@ class TextClassificationTask(Task):
             if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
         if m.pretrained_from is not None and self.encoder_spec is None and self.source is not None:
-            self.encoder_spec = self._source_encoder_spec(self.source)  # fresh runs only: later ones read the files
-            if self.tokenizer is None:
-                self.tokenizer = TextTokenizer.from_str(self.source.read_file(TOKENIZER_FILE))
+            tokenizer, self.encoder_spec = self._from_source(self.source)  # fresh runs only: later ones read files
+            self.tokenizer = self.tokenizer or tokenizer
             if not resume:  # the source's own file, byte for byte: the new run dir is self-contained
                 self.source.copy_files(self.files, [TOKENIZER_FILE])
                 write_record(self.files, self.source, {k: self.encoder_spec["cfg"][k] for k in SHAPE_KEYS})
-            if self.tokenizer.vocab_size != self.encoder_spec["vocab_size"]:
-                raise TkError(f"model.pretrained_from: {self.source.spec}'s {TOKENIZER_FILE} has "
-                              f"{self.tokenizer.vocab_size} tokens but its embedding {self.encoder_spec['vocab_size']}"
-                              f" rows; give the run dir the checkpoint belongs to")
         elif m.pretrained_from is not None and self.encoder_spec is None:
             ignored = ignored_arch_keys(m)
             if ignored:  # fresh runs only: later ones read encoder.json, so this is logged once per run
@@ -181,6 +175,15 @@ class TextClassificationTask(Task):
                 if text is not None and not self.files.exists(name):
                     self.files.write_text(name, text)
 
+    def _from_source(self, source: SourceRun) -> tuple[TextTokenizer, dict[str, Any]]:
+        """The tokenizer and the encoder spec of a source run (checked against each other)."""
+        spec = self._source_encoder_spec(source)
+        tokenizer = TextTokenizer.from_str(source.read_file(TOKENIZER_FILE))
+        if tokenizer.vocab_size != spec["vocab_size"]:
+            raise TkError(f"model.pretrained_from: {source.spec}'s {TOKENIZER_FILE} has {tokenizer.vocab_size} tokens "
+                          f"but its embedding {spec['vocab_size']} rows; give the run dir the checkpoint belongs to")
+        return tokenizer, spec
+
     def _source_encoder_spec(self, source: SourceRun) -> dict[str, Any]:
         """The encoder of a source run: its config's shape keys (a recipe value that disagrees is an
         error), its position table's length (else data.max_len), its embeddings' vocabulary sizes."""
@@ -192,8 +195,8 @@ class TextClassificationTask(Task):
                           f"model keeps no core TextEncoder under {ENCODER_PREFIX!r}")
         pos, types = weights.get(f"{ENCODER_PREFIX}pos_embed.weight"), weights.get(f"{ENCODER_PREFIX}type_embed.weight")
         cfg = TransformerConfig.of(m, max_len=pos.shape[0] if pos is not None else self.data.max_len)
-        log.debug("model.pretrained_from: the encoder of %s (%s run, %s): dim %d, depth %d", source.spec, source.task,
-                 source.checkpoint.name, cfg.dim, cfg.depth)
+        log.debug("model.pretrained_from: the encoder of %s (%s run, %s): dim %d, depth %d",
+                  source.spec, source.task, source.checkpoint.name, cfg.dim, cfg.depth)
         return {"cfg": dataclasses.asdict(cfg), "vocab_size": int(tok.shape[0]),
                 "type_vocab_size": int(types.shape[0]) if types is not None else 0}
 
