@@ -142,7 +142,7 @@ def test_start_from_a_bert_folder_matches_transformers(tagging, tmp_path):
         max_position_embeddings=64), add_pooling_layer=False).eval()
     hf.save_pretrained(folder)
 
-    overrides = [f"model.pretrained_from={folder}", "data.num_train=64", "data.num_val=32", "train.device=cpu"]
+    overrides = [f"model.pretrained_dir={folder}", "data.num_train=64", "data.num_val=32", "train.device=cpu"]
     cfg, task_cls = load_config("token_tagging_synthetic", overrides)
     task = task_cls(cfg)
     task.setup()
