@@ -85,6 +85,17 @@ class Task:
         """
         return []
 
+    @classmethod
+    def check_fresh_run(cls, cfg: RunConfig) -> list[str]:
+        """Checks only a fresh training run needs, run by ``tk run`` before its run dir is
+        written (``check_config`` also runs for resume, eval and predict, which must work
+        without these inputs): e.g. that ``model.pretrained_from`` names a readable run of a
+        task this one can start from, whose shape the recipe agrees with.
+
+        Returns one message per problem, each naming the key.
+        """
+        return []
+
     # -- lifecycle ---------------------------------------------------------------
     def setup(self, resume: bool = False) -> None:
         """Prepare shared state before data and model are built (e.g. train a tokenizer

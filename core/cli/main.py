@@ -22,6 +22,7 @@ import tk
 from tk.core.cli.export_cmd import export_cmd
 from tk.core.cli.group import CliGroup, debug_option, debug_requested
 from tk.core.cli.plugin_commands import describe_command
+from tk.core.cli.watch_cmds import plot_cmd, runs_cmd
 from tk.core.errors import TkError
 
 
@@ -123,12 +124,16 @@ def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @overrides_argument
 @debug_option
 def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
-    """Check a recipe (schema, cross-field rules, the device and precision on this
-    machine) without running it; everything `tk run` checks except the data."""
+    """Check a recipe (schema, cross-field rules, a pretrained source, the device and
+    precision on this machine) without running it; everything `tk run` checks except the data."""
     from tk.core.engine.device import preflight
+    from tk.core.errors import TkError
     from tk.core.recipe import load_config
 
-    cfg, _ = load_config(recipe, list(overrides))
+    cfg, task_cls = load_config(recipe, list(overrides))
+    problems = task_cls.check_fresh_run(cfg)
+    if problems:
+        raise TkError("; ".join(problems))
     preflight(cfg)
     click.echo(f"{cfg.source}: ok (task {cfg.task})")
 
@@ -347,46 +352,8 @@ def info_cmd(name: str, as_json: bool) -> None:
                   f"run `tk list`)")
 
 
-@cli.command("plot")
-@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--metrics", default=None, help="Comma-separated metrics, e.g. val/top1,train/loss "
-              "[default: train/loss and the val/* metrics].")
-@click.option("--x", "x_axis", type=click.Choice(["step", "epoch", "tokens", "time"]), default="step",
-              show_default=True, help="The x axis: optimizer step, epoch, items seen, or training seconds.")
-@click.option("-o", "--output", default="curves.png", show_default=True, type=click.Path(dir_okay=False),
-              help="The PNG to write.")
-@debug_option
-def plot_cmd(runs: tuple[str, ...], metrics: str | None, x_axis: str, output: str) -> None:
-    """Plot training curves of one or more runs into one PNG: a panel per metric, a
-    line per run (training metrics smoothed, raw values faint behind).
-
-    \b
-    tk plot runs/quickstart
-    tk plot runs/a runs/b --metrics val/top1,train/loss --x time -o compare.png
-    """
-    from tk.core.engine.curves import plot_runs
-
-    names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
-    fig = plot_runs(list(runs), names, x_axis, output)
-    panels = sum(ax.get_visible() for ax in fig.axes)
-    click.echo(f"wrote {output} ({panels} panel{'s' * (panels > 1)}, {len(runs)} run{'s' * (len(runs) > 1)})")
-
-
-@cli.command("runs")
-@click.argument("folder", default="runs", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per run (for scripts).")
-@click.option("--sort", "sort_metric", default=None, help="Sort by the best value of this metric, best first "
-              "(e.g. val/top1; lowest first for a *loss metric).")
-@debug_option
-def runs_cmd(folder: str, as_json: bool, sort_metric: str | None) -> None:
-    """List the runs under FOLDER (default: runs): task, recipe, status (finished /
-    interrupted at step N / failed), steps, best metric and its step, wall time."""
-    from tk.core.cli.runs import format_runs, list_runs
-
-    runs = list_runs(folder, sort=sort_metric)
-    click.echo(json.dumps(runs) if as_json else format_runs(runs, folder))
-
-
+cli.add_command(plot_cmd)
+cli.add_command(runs_cmd)
 cli.add_command(export_cmd)
 
 

@@ -81,9 +81,10 @@ class CheckpointReadError(TkError):
     """A checkpoint file is missing, damaged or not a tk checkpoint."""
 
 
-def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: no code
-    in the file is run).
+    in the file is run). With ``mmap`` the tensors are mapped from the file, not read (cheap
+    to open; they are read when used).
 
     Raises:
         CheckpointReadError: the file is missing, unreadable, or not a tk checkpoint.
@@ -97,7 +98,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
             raise CheckpointReadError(f"{str(path)!r} is not a checkpoint (not a torch.save zip file); "
                                       f"pass a .pt file written by `tk run`")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # pickle errors, truncated zip files, unsafe types
         detail = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [""])[0]
         raise CheckpointReadError(

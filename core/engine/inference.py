@@ -1,4 +1,5 @@
-"""Rebuild a trained run (task + model) from its run directory, for eval and predict."""
+"""Rebuild a trained run (task + model) from its run directory, for eval and predict; and the
+plugins' way to start a new run from a finished one (re-exported from :mod:`tk.core.engine.pretrained`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.export import average_checkpoints, export_safetensors
 from tk.core.engine.precision import Precision
 from tk.core.engine.predict import predict_batches
+from tk.core.engine.pretrained import (
+    RECORD_FILE,
+    TRANSFORMER_SHAPE_KEYS,
+    SourceRun,
+    adopt_shape,
+    load_backbone,
+    open_source,
+    read_record,
+    shape_conflicts,
+    write_record,
+)
 from tk.core.errors import TkError
 from tk.core.nn.lora import has_lora, merge_lora
 from tk.core.recipe import load_config
@@ -30,7 +42,10 @@ from tk.core.step import EvalContext
 from tk.core.task import Task
 
 __all__ = ["average_run", "evaluate_run", "load_run", "load_run_source", "predict_run", "resolve_checkpoint",
-           "step_checkpoints"]
+           "step_checkpoints",
+           # a run as a pretrained source (tk.core.engine.pretrained), for the plugins' setup/init_pretrained
+           "RECORD_FILE", "TRANSFORMER_SHAPE_KEYS", "SourceRun", "adopt_shape", "load_backbone", "open_source",
+           "read_record", "shape_conflicts", "write_record"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 

@@ -173,6 +173,10 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
             check_logger_packages(cfg)
             if problem:
                 raise TkError(problem)
+        if not resume:  # e.g. model.pretrained_from: a missing or unreadable source, before anything is written
+            fresh_problems = task_cls.check_fresh_run(cfg)
+            if fresh_problems:
+                raise TkError("; ".join(fresh_problems))
         is_main = dist is None or dist.rank == 0
         existed = _exists(Path(cfg.output_dir))
 

@@ -39,13 +39,19 @@ import torch
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
 
-__all__ = ["bert_config", "bert_state_dict", "load_bert_weights", "read_bert_config", "resolve_pretrained_dir"]
+__all__ = ["is_hub_id", "bert_config", "bert_state_dict", "load_bert_weights", "read_bert_config",
+           "resolve_pretrained_dir"]
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "owner/name"
 # what the converter and the tokenizer loader read (not the TF/ONNX/Flax copies a hub repo may hold)
 _HUB_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json",
               "vocab.txt"]
+
+
+def is_hub_id(spec: str | Path) -> bool:
+    """Whether ``spec`` has the form of a hub id (``name`` or ``owner/name``), not of a path."""
+    return bool(_HUB_ID.fullmatch(str(spec)))
 
 
 def resolve_pretrained_dir(spec: str | Path) -> Path:
@@ -59,19 +65,19 @@ def resolve_pretrained_dir(spec: str | Path) -> Path:
     path = Path(spec).expanduser()
     if path.exists():
         return path
-    if not _HUB_ID.fullmatch(str(spec)):
-        raise TkError(f"model.pretrained_dir: {path} does not exist; point it at a Hugging Face model folder "
-                      f"or give a hub id such as 'sentence-transformers/all-MiniLM-L6-v2'")
+    if not is_hub_id(spec):
+        raise TkError(f"model.pretrained_from: {path} does not exist; point it at a tk run dir or a Hugging Face "
+                      f"model folder, or give a hub id such as 'sentence-transformers/all-MiniLM-L6-v2'")
     try:
         import huggingface_hub  # lazy: only a hub id needs it (installed with datasets)
     except ImportError as e:
-        raise TkError(f"model.pretrained_dir: {spec!r} is not a folder on disk, and huggingface_hub (to download "
+        raise TkError(f"model.pretrained_from: {spec!r} is not a folder on disk, and huggingface_hub (to download "
                       f"it as a hub id) is not installed; pip install huggingface_hub, or give a local folder") from e
     try:
         return Path(huggingface_hub.snapshot_download(repo_id=str(spec), allow_patterns=_HUB_FILES))
     except Exception as e:  # the hub client raises many kinds (offline, missing repo, auth)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise TkError(f"model.pretrained_dir: {spec!r} is not a folder on disk, and downloading it from the "
+        raise TkError(f"model.pretrained_from: {spec!r} is not a folder on disk, and downloading it from the "
                       f"Hugging Face hub failed: {first}") from e
 
 
@@ -83,12 +89,12 @@ def read_bert_config(folder: str | Path) -> dict[str, Any]:
     """
     path = Path(folder).expanduser() / "config.json"
     if not path.is_file():
-        raise TkError(f"model.pretrained_dir: {path} does not exist; point it at a Hugging Face model folder "
+        raise TkError(f"model.pretrained_from: {path} does not exist; point it at a tk run dir, a Hugging Face model folder "
                       f"(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.txt)")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise TkError(f"model.pretrained_dir: cannot read {path}: {e}") from e
+        raise TkError(f"model.pretrained_from: cannot read {path}: {e}") from e
 
 
 def bert_config(hf: dict[str, Any], dropout: float | None = None) -> tuple[TransformerConfig, int, int]:
@@ -115,7 +121,7 @@ def bert_config(hf: dict[str, Any], dropout: float | None = None) -> tuple[Trans
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         problems.append("is_decoder/add_cross_attention (encoder checkpoints only)")
     if problems:
-        raise TkError("model.pretrained_dir: unsupported config.json options: " + "; ".join(problems))
+        raise TkError("model.pretrained_from: unsupported config.json options: " + "; ".join(problems))
     hidden_drop = hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout
     attn_drop = hf.get("attention_probs_dropout_prob", 0.1) if dropout is None else dropout
     cfg = TransformerConfig(
@@ -136,7 +142,7 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         return load_file(str(st))
     if pt.is_file():
         return torch.load(pt, map_location="cpu", weights_only=True)
-    raise TkError(f"model.pretrained_dir: {folder} has neither model.safetensors nor pytorch_model.bin")
+    raise TkError(f"model.pretrained_from: {folder} has neither model.safetensors nor pytorch_model.bin")
 
 
 def bert_state_dict(hf_state: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
@@ -151,7 +157,7 @@ def bert_state_dict(hf_state: dict[str, torch.Tensor], depth: int) -> dict[str, 
 
     def take(name: str) -> torch.Tensor:
         if name not in sd:
-            raise TkError(f"model.pretrained_dir: the checkpoint has no tensor {name!r}; is it a BERT encoder?")
+            raise TkError(f"model.pretrained_from: the checkpoint has no tensor {name!r}; is it a BERT encoder?")
         return sd[name]
 
     out = {"tok_embed.weight": take("embeddings.word_embeddings.weight"),
@@ -184,8 +190,8 @@ def load_bert_weights(encoder: torch.nn.Module, folder: str | Path) -> None:
     try:
         missing, unexpected = encoder.load_state_dict(state, strict=False)
     except RuntimeError as e:
-        raise TkError(f"model.pretrained_dir: {folder} does not fit the encoder built from its config.json: "
+        raise TkError(f"model.pretrained_from: {folder} does not fit the encoder built from its config.json: "
                       f"{str(e).splitlines()[0]}") from e
     missing = [k for k in missing if not k.endswith("rotary.inv_freq")]
     if missing or unexpected:
-        raise TkError(f"model.pretrained_dir: {folder}: tensors missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise TkError(f"model.pretrained_from: {folder}: tensors missing {missing[:5]}, unexpected {unexpected[:5]}")

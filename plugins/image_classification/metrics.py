@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from tk.core.text.confusion import save_confusion_png
 from tk.core.metrics import Metric
 from tk.core.step import EvalContext
+from tk.core.text.confusion import save_confusion_png
 
 
 class ConfusionMatrix(Metric):

@@ -25,15 +25,13 @@ class ModelConfig(ViTConfig):
     mlp_ratio: float = 2.0  # MLP hidden width / dim
     arch: Literal["vit"] = "vit"  # tk backbone to build (ignored when `timm` is set)
     timm: str | None = None  # build this timm model instead, e.g. "resnet18" (random init)
-    pretrained: bool = False  # model.timm: start from timm's pretrained weights (hub; offline: pretrained_file)
-    pretrained_file: str | None = None  # timm weights (.safetensors/.pth) to fine-tune from (model.timm or arch vit)
-    pretrained_from: str | None = None  # arch vit + pretrained: true: the timm ViT whose published weights to load
+    pretrained: bool = False  # model.timm: start from timm's pretrained weights (hub; offline: pretrained_from a file)
+    pretrained_from: str | None = None  # start from: a tk ViT run dir or .pt checkpoint (arch vit), a timm weights file (.safetensors/.pth), or a timm ViT name (arch vit)
     freeze: str = "none"  # none | backbone (train the head only) | all_but_last_N (N last blocks + head train)
 
     def check(self, prefix: str = "model") -> list[str]:
         """The ViT's problems (none when a timm model is built instead) and the fine-tuning keys'."""
-        problems = check_pretrained(self.pretrained, self.pretrained_file, self.timm, self.freeze,
-                                    self.pretrained_from)
+        problems = check_pretrained(self.pretrained, self.timm, self.freeze, self.pretrained_from)
         if self.timm is None:
             return super().check(prefix) + problems
         return problems + (self.lora.check(f"{prefix}.lora") if self.lora is not None else [])

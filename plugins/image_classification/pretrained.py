@@ -16,22 +16,70 @@ from typing import Any
 import torch
 from torch import nn
 
+from tk.core.engine.inference import SourceRun, adopt_shape, open_source
 from tk.core.errors import TkError
 from tk.core.nn.vit import VisionTransformer, load_timm_vit
 
 HEADS = ("head.", "head_dist.", "fc.", "classifier.")  # classifier prefixes (ViT, ResNet, others): re-initialised
 
 
-def check_pretrained(pretrained: bool, pretrained_file: str | None, timm_name: str | None, freeze: str,
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".bin")  # model.pretrained_from: timm weights (.pt: a tk checkpoint)
+
+
+def source_kind(spec: str | None) -> str | None:
+    """What ``model.pretrained_from`` names: "run" (a folder: a tk run dir; a ``.pt`` file: a tk
+    checkpoint), "file" (timm weights), "name" (a timm model whose published weights to fetch)."""
+    if spec is None:
+        return None
+    path = Path(spec).expanduser()
+    if path.is_dir() or path.suffix == ".pt":
+        return "run"
+    if path.is_file() or path.suffix in WEIGHT_SUFFIXES or "/" in spec:
+        return "file"
+    return "name"
+
+
+# model.* keys a tk ViT run's config.yaml sets for a run started from it
+VIT_SHAPE_KEYS = ("dim", "depth", "num_heads", "num_kv_heads", "mlp_ratio", "hidden_dim", "activation", "norm",
+                  "norm_eps", "final_norm", "bias", "patch_size", "pooling", "distilled")
+
+
+def open_vit_run(m: Any, img_size: int) -> tuple[SourceRun, Any] | None:
+    """``model.pretrained_from`` as a tk ViT run (None where it names a file or a timm model):
+    the run and the ``model:`` section with the run's shape (a recipe key that disagrees is an error).
+
+    Raises:
+        TkError: not a tk run, a run of another task or of a timm model, no checkpoint, or a
+            patch size that does not divide ``data.img_size``.
+    """
+    if source_kind(m.pretrained_from) != "run":
+        return None
+    source = open_source(m.pretrained_from, "image_classification", ("image_classification",))
+    if source is None:
+        raise TkError(f"model.pretrained_from: {m.pretrained_from} is a folder without config.yaml; give a tk ViT "
+                      f"run dir, a .pt checkpoint, a timm weights file or a timm ViT name")
+    timm_name = source.section("model").get("timm")
+    if timm_name:
+        raise TkError(f"model.pretrained_from: {m.pretrained_from} is a run of timm {timm_name!r}; starting from a "
+                      f"timm run is not supported yet: give a tk ViT (arch: vit) run, or a timm weights file")
+    adopted = adopt_shape(m, source.section("model"), VIT_SHAPE_KEYS)
+    if img_size % adopted.patch_size:
+        raise TkError(f"data.img_size ({img_size}) must be a multiple of the model.pretrained_from run's "
+                      f"model.patch_size ({adopted.patch_size})")
+    return source, adopted
+
+
+def check_pretrained(pretrained: bool, timm_name: str | None, freeze: str,
                      pretrained_from: str | None = None) -> list[str]:
     """Problems of the fine-tuning keys of ``model:``."""
     problems = []
-    if pretrained and pretrained_file is None and timm_name is None and pretrained_from is None:
-        problems.append("model.pretrained: the tk ViT (arch: vit) needs the timm ViT whose weights to load: "
-                        "set model.pretrained_from (e.g. vit_tiny_patch16_224) or model.pretrained_file")
-    if pretrained_from is not None and timm_name is not None:
-        problems.append("model.pretrained_from is for the tk ViT (arch: vit); with model.timm set, "
-                        "model.pretrained: true loads that model's own weights")
+    kind = source_kind(pretrained_from)
+    if pretrained and timm_name is None and pretrained_from is None:
+        problems.append("model.pretrained: the tk ViT (arch: vit) needs the weights to load: set model.pretrained_from "
+                        "(a timm ViT name such as vit_tiny_patch16_224, a weights file, or a tk ViT run)")
+    if timm_name is not None and kind in ("name", "run"):
+        problems.append(f"model.pretrained_from ({pretrained_from}) with model.timm set must be a weights file of that "
+                        f"model; model.pretrained: true loads its published weights, a tk run needs arch: vit")
     if freeze not in ("none", "backbone") and not (freeze.startswith("all_but_last_") and
                                                    freeze[len("all_but_last_"):].isdigit()):
         problems.append(f"model.freeze ({freeze!r}) must be none, backbone or all_but_last_N (N blocks train)")
@@ -47,7 +95,8 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise TkError(f"model.pretrained_file: {path} does not exist; give a .safetensors or .pth file of timm weights")
+        raise TkError(f"model.pretrained_from: {path} does not exist; give a tk ViT run dir or .pt checkpoint, "
+                      f"a .safetensors/.pth file of timm weights, or a timm ViT name")
     try:
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file  # lazy: only .safetensors files need it
@@ -55,7 +104,7 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
             return load_file(str(file))
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # torch / safetensors raise several kinds for a corrupt file
-        raise TkError(f"model.pretrained_file: cannot read {path}: {e}") from e
+        raise TkError(f"model.pretrained_from: cannot read {path}: {e}") from e
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -66,24 +115,26 @@ def _is_head(name: str) -> bool:
     return name.startswith(HEADS)
 
 
-def load_pretrained_vit(model: VisionTransformer, path: str | None, timm_name: str | None = None) -> None:
+def load_pretrained_vit(model: VisionTransformer, path: str | None, timm_name: str | None = None,
+                        weights: dict[str, torch.Tensor] | None = None) -> None:
     """timm ViT weights from ``path`` (or, without a path, timm's published weights of
-    ``timm_name`` from the hub) into the tk ViT; heads keep their fresh initialisation,
-    position embeddings (and the patch kernel) are resampled to the model's grid.
+    ``timm_name`` from the hub, or the state dict ``weights`` of a tk ViT run) into the tk ViT;
+    heads keep their fresh initialisation, position embeddings (and the patch kernel) are
+    resampled to the model's grid.
 
     Raises:
         TkError: the file is missing or does not fit, naming the file and the first bad tensor;
-            the hub cannot be reached (suggesting ``model.pretrained_file``).
+            the hub cannot be reached (suggesting ``model.pretrained_from``).
     """
-    weights = read_weights(path) if path is not None else _hub_state_dict(timm_name)
+    if weights is None:
+        weights = read_weights(path) if path is not None else _hub_state_dict(timm_name)
     state = {k: v for k, v in weights.items() if not _is_head(k)}
     own = model.state_dict()
     state.update({k: v for k, v in own.items() if _is_head(k)})
     try:
         load_timm_vit(model, state)
     except ValueError as e:
-        key = "model.pretrained_file" if path is not None else "model.pretrained_from"
-        raise TkError(f"{key}: {path or timm_name} does not fit the model: {e}") from e
+        raise TkError(f"model.pretrained_from: {path or timm_name} does not fit the model: {e}") from e
 
 
 def _hub_state_dict(name: str) -> dict[str, torch.Tensor]:
@@ -96,7 +147,7 @@ def _hub_state_dict(name: str) -> dict[str, torch.Tensor]:
         return timm.create_model(name, pretrained=True).state_dict()
     except Exception as e:  # hub offline or unknown weights: many exception kinds
         raise TkError(f"model.pretrained: cannot fetch timm's pretrained weights for {name!r} ({type(e).__name__}: "
-                      f"{e}); offline, download them elsewhere and set model.pretrained_file: PATH") from e
+                      f"{e}); offline, download them elsewhere and set model.pretrained_from: PATH (the weights file)") from e
 
 
 def load_pretrained_timm(model: nn.Module, name: str, num_classes: int, img_size: int, path: str | None) -> None:
@@ -105,7 +156,7 @@ def load_pretrained_timm(model: nn.Module, name: str, num_classes: int, img_size
     resamples position embeddings.
 
     Raises:
-        TkError: the hub cannot be reached (use ``model.pretrained_file``), or the file is
+        TkError: the hub cannot be reached (use ``model.pretrained_from``), or the file is
             missing or does not fit (naming the file and the first tensor it lacks or mismatches).
     """
     import timm  # lazy: only timm models pay for it
@@ -120,16 +171,16 @@ def load_pretrained_timm(model: nn.Module, name: str, num_classes: int, img_size
         except TypeError:  # CNNs take no img_size
             source = timm.create_model(name, **kwargs)
     except RuntimeError as e:  # load_state_dict: size mismatch / missing keys, each named
-        raise TkError(f"model.pretrained_file: {path} does not fit timm {name!r}: {str(e).splitlines()[1:2] or e}") from e
+        raise TkError(f"model.pretrained_from: {path} does not fit timm {name!r}: {str(e).splitlines()[1:2] or e}") from e
     except Exception as e:  # hub offline or unknown weights: many exception kinds
         if path is not None:
-            raise TkError(f"model.pretrained_file: cannot load {path} into timm {name!r}: {e}") from e
+            raise TkError(f"model.pretrained_from: cannot load {path} into timm {name!r}: {e}") from e
         raise TkError(f"model.pretrained: cannot fetch timm's pretrained weights for {name!r} ({type(e).__name__}: "
-                      f"{e}); offline, download them elsewhere and set model.pretrained_file: PATH") from e
+                      f"{e}); offline, download them elsewhere and set model.pretrained_from: PATH (the weights file)") from e
     if path is not None:  # timm loads non-strictly when it drops the classifier: check the backbone
         lacking = [k for k in source.state_dict() if not _is_head(k) and k not in file_state]
         if lacking:
-            raise TkError(f"model.pretrained_file: {path} has no tensor {lacking[0]!r} that timm {name!r} needs "
+            raise TkError(f"model.pretrained_from: {path} has no tensor {lacking[0]!r} that timm {name!r} needs "
                           f"({len(lacking)} missing); give weights of the same architecture")
     model.load_state_dict(source.state_dict())
 

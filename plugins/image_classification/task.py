@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from torch.utils.data import Dataset
 
 from tk.core.config import did_you_mean
 from tk.core.distill import check_same_teacher
+from tk.core.engine.inference import SourceRun, read_record, write_record
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
@@ -26,7 +28,14 @@ from tk.plugins.image_classification.metrics import ConfusionMatrix, HeadAccurac
 from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
 from tk.plugins.image_classification.model import ModelConfig, both_heads, build_classifier, check_model, is_distilled
 from tk.plugins.image_classification.predict import PredictConfig
-from tk.plugins.image_classification.pretrained import load_pretrained_timm, load_pretrained_vit, vit_layer_id_fn
+from tk.plugins.image_classification.pretrained import (
+    VIT_SHAPE_KEYS,
+    load_pretrained_timm,
+    load_pretrained_vit,
+    open_vit_run,
+    source_kind,
+    vit_layer_id_fn,
+)
 from tk.plugins.image_classification.samples import SampleGrid
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
@@ -72,6 +81,7 @@ class ImageClassificationTask(Task):
     ModelConfig: ClassVar[type] = ModelConfig
     extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "loss": LossConfig, "predict": PredictConfig,
                                                          "distill": DistillConfig}
+    renamed_keys: ClassVar[Mapping[str, str]] = {"model.pretrained_file": "model.pretrained_from"}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
@@ -83,6 +93,18 @@ class ImageClassificationTask(Task):
         self.distill_cfg: DistillConfig = self.sections.get("distill") or DistillConfig()
         self._teacher_record: dict[str, str] | None = None  # {"teacher", "sha256"} of this run's teacher
         self._saved_teacher: dict[str, str] | None = None  # the record in the checkpoint being resumed
+        self.source: SourceRun | None = None  # model.pretrained_from's tk ViT run (a fresh run only)
+
+    @classmethod
+    def check_fresh_run(cls, cfg: Any) -> list[str]:
+        """A tk ViT run in ``model.pretrained_from``: readable, of this task, of the recipe's shape."""
+        try:
+            opened = open_vit_run(cfg.sections["model"], cfg.sections["data"].img_size)
+            if opened is not None:
+                opened[0].weights()
+        except TkError as e:
+            return [str(e)]
+        return []
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -116,7 +138,15 @@ class ImageClassificationTask(Task):
     # -- state -----------------------------------------------------------------------
     def setup(self, resume: bool = False) -> None:
         """Resolve the class list (fails early when the data is missing) and keep it as the
-        task file ``classes.json``; a resumed, evaluated or predicting run reads it back."""
+        task file ``classes.json``; a resumed, evaluated or predicting run reads it back. A fresh
+        run from a tk ViT run (``model.pretrained_from``) takes its shape and normalisation."""
+        record = read_record(self.files)
+        opened = open_vit_run(self.model_cfg, self.data.img_size) if not resume else None
+        if opened is not None:
+            self.source, self.model_cfg = opened
+            write_record(self.files, self.source, {k: getattr(self.model_cfg, k) for k in VIT_SHAPE_KEYS})
+        elif record is not None:  # the shape it adopted from its source
+            self.model_cfg = dataclasses.replace(self.model_cfg, **record["model"])
         if self._class_names is None and self.files.exists(CLASSES_FILE):
             self._class_names = json.loads(self.files.read_text(CLASSES_FILE))
         names = self.class_names
@@ -140,14 +170,18 @@ class ImageClassificationTask(Task):
             mean, std = (list(v) for v in MEAN_STD[self.data.source])
             resolved: dict[str, Any] = {"mean": mean, "std": std, "interpolation": "bilinear", "crop_pct": 1.0}
             m = self.model_cfg
-            timm_name = m.timm if m.timm is not None else m.pretrained_from
-            if timm_name is not None and (m.pretrained or m.pretrained_file):
+            kind = source_kind(m.pretrained_from)
+            timm_name = m.timm if m.timm is not None else (m.pretrained_from if kind == "name" else None)
+            if timm_name is not None and (m.pretrained or kind in ("file", "name")):
                 pretrained_cfg = timm.get_pretrained_cfg(timm_name)
                 if pretrained_cfg is not None:
                     resolved.update(mean=list(pretrained_cfg.mean), std=list(pretrained_cfg.std),
                                     interpolation=pretrained_cfg.interpolation or "bilinear")
                     if self.data.crop == "rrc":  # timm's crop_pct pairs with RandomResizedCrop training
                         resolved["crop_pct"] = pretrained_cfg.crop_pct or 1.0
+            if self.source is not None and self.source.files_dir is not None and \
+                    (self.source.files_dir / NORMALIZE_FILE).is_file():  # the input the backbone was trained on
+                resolved.update(json.loads(self.source.read_file(NORMALIZE_FILE)))
             for key in resolved:
                 if getattr(self.data, key) is not None:
                     resolved[key] = getattr(self.data, key)
@@ -234,15 +268,21 @@ class ImageClassificationTask(Task):
         return {"x": torch.randn(2, 3, self.data.img_size, self.data.img_size)}
 
     def init_pretrained(self, model: nn.Module) -> None:
-        """``model.pretrained`` / ``model.pretrained_file``: timm weights into a fresh run's model
-        (heads stay new); eval and predict of the finished run load its own weights instead."""
+        """``model.pretrained`` / ``model.pretrained_from``: a tk ViT run's or timm's weights into a
+        fresh run's model (heads stay new); eval and predict of the finished run load its own weights."""
         m = self.model_cfg
-        if not (m.pretrained or m.pretrained_file):
+        if self.source is not None:
+            load_pretrained_vit(model, self.source.spec, weights=self.source.weights())
+            self.source = None  # done: drop the mapped checkpoint
             return
+        kind = source_kind(m.pretrained_from)
+        if not (m.pretrained or kind) or kind == "run":  # a run: loaded above (opened in setup)
+            return
+        file = m.pretrained_from if kind == "file" else None
         if m.timm is not None:
-            load_pretrained_timm(model, m.timm, self.num_classes, self.data.img_size, m.pretrained_file)
+            load_pretrained_timm(model, m.timm, self.num_classes, self.data.img_size, file)
         else:
-            load_pretrained_vit(model, m.pretrained_file, m.pretrained_from)
+            load_pretrained_vit(model, file, m.pretrained_from if kind == "name" else None)
 
     def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
         """Core's groups; ``optim.layer_decay`` on a timm ViT uses its block index as layer id."""

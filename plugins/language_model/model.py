@@ -20,6 +20,7 @@ class ModelConfig(TransformerConfig):
     dropout: float = 0.0  # residual/embedding dropout
     pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # position information
     max_len: int = 1024  # positions of the learned table: block_size for training, prompt + new tokens in generation
+    pretrained_from: str | None = None  # continue from a language_model run dir or .pt checkpoint (its shape and tokenizer come with it)
 
 
 def gpt2_init(model: DecoderOnlyLM, depth: int) -> None:

@@ -17,6 +17,15 @@ from torch.utils.data import DataLoader, Dataset
 from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.data.samplers import RandomBlockSampler
 from tk.core.distributed import is_main_process
+from tk.core.engine.inference import (
+    TRANSFORMER_SHAPE_KEYS,
+    SourceRun,
+    adopt_shape,
+    load_backbone,
+    open_source,
+    read_record,
+    write_record,
+)
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
@@ -72,6 +81,7 @@ class LanguageModelTask(Task):
         self._sampled: set[tuple] = set()  # evaluations that already wrote their samples
         self._sample_text: dict[tuple, str] = {}  # their text, handed to the loggers as media
         self._bytes_per_token: float | None = None  # of the eval targets (bits per byte), computed once
+        self.source: SourceRun | None = None  # model.pretrained_from's run (a fresh run only)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -100,10 +110,30 @@ class LanguageModelTask(Task):
             problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 257 for bpe (256 bytes + merges)")
         return problems
 
+    @classmethod
+    def check_fresh_run(cls, cfg: Any) -> list[str]:
+        """A ``model.pretrained_from`` run: readable, a language_model run, with its tokenizer
+        file and the shape and tokenizer the recipe asks for."""
+        task = cls(cfg)
+        try:
+            task._open_source(write=False)
+            if task.source is not None:
+                task.source.weights()
+                task.source.read_file(TOKENIZER_FILE)
+        except TkError as e:
+            return [str(e)]
+        return []
+
     # -- set-up: tokenise once, reload afterwards ------------------------------------------
     def setup(self, resume: bool = False) -> None:
         """Tokenise the corpus once into the task files ``tokens.bin`` (+ ``tokens.json``) and
-        ``tokenizer.json``; a resumed, evaluated or generating run reads them (never retrains)."""
+        ``tokenizer.json``; a resumed, evaluated or generating run reads them (never retrains).
+        With ``model.pretrained_from`` (a fresh run) the source run's tokenizer and shape are used."""
+        record = read_record(self.files)
+        if not resume and self.model_cfg.pretrained_from is not None:  # every rank: each loads the weights
+            self._open_source()
+        elif record is not None:  # a run started from another: the shape it adopted then
+            self.model_cfg = dataclasses.replace(self.model_cfg, **record["model"])
         if self.run_dir is not None and self.files.exists(META_FILE):
             self.tokenizer = load_saved_tokenizer(self.files.read_text(TOKENIZER_FILE))
             self.meta = json.loads(self.files.read_text(META_FILE))
@@ -115,6 +145,32 @@ class LanguageModelTask(Task):
             tokens = self._tokenise()
         self.splits = split_tokens(tokens, self.data.val_fraction, self.data.block_size)
 
+    def _open_source(self, write: bool = True) -> None:
+        """The source run of ``model.pretrained_from``: its shape (recipe keys must agree) and its
+        tokenizer (a recipe asking for another one is refused), before anything is tokenised."""
+        if self.model_cfg.pretrained_from is None:
+            return
+        source = open_source(self.model_cfg.pretrained_from, self.name, (self.name,))
+        if source is None:
+            raise TkError(f"model.pretrained_from: {self.model_cfg.pretrained_from} is neither a tk run dir (a folder "
+                          f"with config.yaml) nor a .pt checkpoint; give the output_dir of a language_model run")
+        theirs = source.section("tokenizer").get("kind")
+        if self.tok_cfg.path is not None:
+            raise TkError(f"tokenizer.path: model.pretrained_from brings the source run's tokenizer; remove "
+                          f"tokenizer.path ({self.tok_cfg.path})")
+        if theirs is not None and self.tok_cfg.kind != theirs and self.tok_cfg.kind != TokenizerConfig().kind:
+            raise TkError(f"tokenizer.kind: the recipe asks for {self.tok_cfg.kind!r} but the model.pretrained_from "
+                          f"run uses {theirs!r} (its tokenizer comes with it); remove tokenizer.kind or set it to "
+                          f"{theirs!r}")
+        self.model_cfg = adopt_shape(self.model_cfg, source.section("model"), TRANSFORMER_SHAPE_KEYS)
+        m = self.model_cfg
+        if m.pos_encoding == "learned" and self.data.block_size > m.max_len:
+            raise TkError(f"data.block_size ({self.data.block_size}) exceeds the model.pretrained_from run's "
+                          f"model.max_len ({m.max_len}); lower data.block_size")
+        self.source = source
+        if write:
+            write_record(self.files, source, {k: getattr(m, k) for k in TRANSFORMER_SHAPE_KEYS})
+
     def _tokenise(self) -> np.ndarray:
         """The tokenizer (given, or trained on the part before the validation cut) and the
         corpus's tokens, saved as task files."""
@@ -122,7 +178,7 @@ class LanguageModelTask(Task):
         if d.source == "hf":  # streamed: the text never has to fit in memory
             ds = load_hub_dataset(d.hf_name, d.hf_config, d.hf_split, streaming=d.streaming,
                                   columns={d.text_column: "data.text_column"})
-            self.tokenizer = build_tokenizer(self.tok_cfg, train_documents(ds, d))
+            self.tokenizer = self._source_tokenizer() or build_tokenizer(self.tok_cfg, train_documents(ds, d))
             path = None if self.run_dir is None else self.files.path(TOKENS_FILE)
             tokens, num_chars = tokenise_documents(ds, self.tokenizer, d, path)
             self._save(tokens, num_chars, write_tokens=False)
@@ -130,17 +186,26 @@ class LanguageModelTask(Task):
         text = synthetic_text(d.num_sentences, d.seed) if d.source == "synthetic" else read_corpus(d.path)
         if not text:
             raise empty_corpus(d)
-        self.tokenizer = build_tokenizer(self.tok_cfg, [text[: len(text) - int(len(text) * d.val_fraction)]])
+        self.tokenizer = self._source_tokenizer() or build_tokenizer(
+            self.tok_cfg, [text[: len(text) - int(len(text) * d.val_fraction)]])
         tokens = np.asarray(self.tokenizer.encode(text), dtype=token_dtype(self.tokenizer.vocab_size))
         self._save(tokens, len(text))
         return tokens
+
+    def _source_tokenizer(self) -> TextTokenizer | None:
+        """The source run's tokenizer (None without ``model.pretrained_from``)."""
+        if self.source is None:
+            return None
+        self.source.copy_files(self.files, [TOKENIZER_FILE])  # byte for byte, before _save keeps it
+        return load_saved_tokenizer(self.source.read_file(TOKENIZER_FILE))
 
     def _save(self, tokens: np.ndarray, num_chars: int, write_tokens: bool = True) -> None:
         dtype = np.dtype(tokens.dtype)
         self.meta = {"dtype": dtype.name, "num_tokens": len(tokens), "num_chars": num_chars,
                      "vocab_size": self.tokenizer.vocab_size, "kind": self.tokenizer.kind}
         if self.run_dir is not None:  # tk summary has no run dir: keep everything in memory
-            self.files.write_text(TOKENIZER_FILE, self.tokenizer.to_str())
+            if not self.files.exists(TOKENIZER_FILE):  # the source run's copy is kept as it is
+                self.files.write_text(TOKENIZER_FILE, self.tokenizer.to_str())
             if write_tokens:
                 self.files.write_bytes(TOKENS_FILE, tokens.tobytes())
             self.files.write_text(META_FILE, json.dumps(self.meta, indent=1))
@@ -175,6 +240,12 @@ class LanguageModelTask(Task):
     def example_inputs(self, model: nn.Module) -> dict[str, Any]:
         """``tk export``: two random token sequences of 8 ids."""
         return {"tokens": torch.randint(0, self.vocab_size, (2, 8))}
+
+    def init_pretrained(self, model: nn.Module) -> None:
+        """``model.pretrained_from``: every weight of the source run's model (continued training)."""
+        if self.source is not None:
+            load_backbone(model, self.source.weights())
+            self.source = None  # done: drop the mapped checkpoint
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Next-token cross-entropy in nats, summed over the batch's tokens."""

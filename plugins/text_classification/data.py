@@ -46,7 +46,7 @@ class DataConfig:
 @dataclass
 class TextClsTokenizerConfig(TokenizerConfig):
     """The recipe's ``tokenizer:`` section: trained on the train split's texts (pairs included)
-    with BERT's specials and template, unless ``path`` (or ``model.pretrained_dir``) gives one."""
+    with BERT's specials and template, unless ``path`` (or ``model.pretrained_from``) gives one."""
 
     kind: Literal["wordpiece", "bpe", "unigram", "char"] = "wordpiece"  # wordpiece (BERT), byte-level bpe, unigram, char
     vocab_size: int = 8000  # tokens incl. [PAD] [UNK] [CLS] [SEP]

@@ -24,7 +24,7 @@ class ModelConfig(TransformerConfig):
         "learned")  # learned: BERT's trained table; sinusoidal: the fixed sin/cos table; rotary: relative; none
     pooling: Literal["cls", "mean", "max"] = "cls"  # sentence vector: [CLS] state, or mean/max over non-PAD
     head_dropout: float = 0.1  # dropout before the classification layer
-    pretrained_dir: str | None = None  # HF BERT-family folder to fine-tune (its shape and tokenizer replace these)
+    pretrained_from: str | None = None  # start from: a text_classification/mlm run dir or .pt checkpoint, or an HF BERT folder / hub id (its shape and tokenizer replace these)
     encoder_lr_scale: float = 1.0  # encoder lr = optim.lr * this (e.g. 0.1 when fine-tuning); head: optim.lr
     threshold: float = 0.5  # data.multi_label: a label is predicted when its sigmoid probability exceeds this
 

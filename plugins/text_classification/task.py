@@ -15,11 +15,25 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tk.core.distill import DistillConfig, check_same_teacher, distillation_loss
+from tk.core.engine.inference import (
+    TRANSFORMER_SHAPE_KEYS,
+    SourceRun,
+    adopt_shape,
+    load_backbone,
+    open_source,
+    write_record,
+)
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.config import TransformerConfig
-from tk.core.nn.convert_bert import bert_config, load_bert_weights, read_bert_config, resolve_pretrained_dir
+from tk.core.nn.convert_bert import (
+    bert_config,
+    is_hub_id,
+    load_bert_weights,
+    read_bert_config,
+    resolve_pretrained_dir,
+)
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput
@@ -41,7 +55,11 @@ log = logging.getLogger(__name__)
 
 LABELS_FILE = "labels.json"  # task file: the label values in class-index order
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (trained, or the pretrained model's)
-ENCODER_FILE = "encoder.json"  # task file (fine-tuning): the encoder shape read from config.json
+ENCODER_FILE = "encoder.json"  # task file (fine-tuning): the encoder shape read from config.json or the source run
+SOURCE_TASKS = ("text_classification", "mlm")  # runs whose model keeps a core TextEncoder under ENCODER_PREFIX
+ENCODER_PREFIX = "encoder."
+# model.* keys a source run's config.yaml sets (the positions come from its table, or data.max_len)
+SHAPE_KEYS = tuple(k for k in TRANSFORMER_SHAPE_KEYS if k not in ("max_len", "tie_embeddings", "share_embeddings"))
 
 
 def _label_key(label: Any) -> tuple[str, Any]:
@@ -54,7 +72,7 @@ _ARCH_KEYS = tuple(f.name for f in dataclasses.fields(TransformerConfig) if f.na
 
 
 def ignored_arch_keys(m: ModelConfig) -> list[str]:
-    """``model.*`` architecture keys set away from their defaults, which ``model.pretrained_dir`` overrides."""
+    """``model.*`` architecture keys set away from their defaults, which an HF ``model.pretrained_from`` overrides."""
     default = ModelConfig()
     return [k for k in _ARCH_KEYS if getattr(m, k) != getattr(default, k)]
 
@@ -68,7 +86,8 @@ class TextClassificationTask(Task):
     extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TextClsTokenizerConfig, "distill": DistillConfig}
     renamed_keys: ClassVar[Mapping[str, str]] = {
         "data.tokenizer": "tokenizer.kind", "data.vocab_size": "tokenizer.vocab_size",
-        "data.lowercase": "tokenizer.lowercase", "data.hf_splits": "data.hf_split"}
+        "data.lowercase": "tokenizer.lowercase", "data.hf_splits": "data.hf_split",
+        "model.pretrained_dir": "model.pretrained_from"}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
@@ -82,15 +101,30 @@ class TextClassificationTask(Task):
         self._teacher: TextTeacher | None = None  # the teacher run's task and logits (distillation)
         self._saved_teacher: dict[str, str] | None = None  # the teacher record of the checkpoint being resumed
         self._num_train: int | None = None
+        self._source: SourceRun | None | bool = False  # False: model.pretrained_from not opened yet
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
         problems = check_data(cfg.sections["data"])
         problems += check_text_distill(cfg.sections.get("distill") or DistillConfig(), cfg.sections["data"].multi_label)
-        if cfg.sections["tokenizer"].path is not None and cfg.sections["model"].pretrained_dir is not None:
-            problems.append("tokenizer.path: model.pretrained_dir brings its own tokenizer (its vocabulary matches "
+        if cfg.sections["tokenizer"].path is not None and cfg.sections["model"].pretrained_from is not None:
+            problems.append("tokenizer.path: model.pretrained_from brings its own tokenizer (its vocabulary matches "
                             "its embeddings); set tokenizer.path to null")
         return problems
+
+    @classmethod
+    def check_fresh_run(cls, cfg: Any) -> list[str]:
+        """A tk run in ``model.pretrained_from``: readable, of a task with a TextEncoder, with a
+        tokenizer file, and of the shape the recipe asks for."""
+        task, spec = cls(cfg), cfg.sections["model"].pretrained_from
+        try:
+            if task.source is not None:
+                task._from_source(task.source)
+            elif spec is not None and not is_hub_id(spec):  # a local HF folder (a hub id downloads in setup)
+                read_bert_config(task.pretrained_path)
+        except TkError as e:
+            return [str(e)]
+        return []
 
     @property
     def multi_label(self) -> bool:
@@ -106,10 +140,17 @@ class TextClassificationTask(Task):
         return list(self.labels)
 
     @property
+    def source(self) -> SourceRun | None:
+        """The tk run ``model.pretrained_from`` names (None: unset, or an HF folder / hub id)."""
+        if self._source is False:
+            self._source = open_source(self.model_cfg.pretrained_from, self.name, SOURCE_TASKS)
+        return self._source
+
+    @property
     def pretrained_path(self) -> Path:
-        """``model.pretrained_dir`` as a local folder (a hub id is downloaded once)."""
+        """An HF ``model.pretrained_from`` as a local folder (a hub id is downloaded once)."""
         if self._pretrained_path is None:
-            self._pretrained_path = resolve_pretrained_dir(self.model_cfg.pretrained_dir)
+            self._pretrained_path = resolve_pretrained_dir(self.model_cfg.pretrained_from)
         return self._pretrained_path
 
     # -- state -----------------------------------------------------------------------
@@ -130,16 +171,22 @@ class TextClassificationTask(Task):
             self.labels = sorted(seen, key=_label_key)
             if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
-        if m.pretrained_dir is not None and self.encoder_spec is None:
+        if m.pretrained_from is not None and self.encoder_spec is None and self.source is not None:
+            tokenizer, self.encoder_spec = self._from_source(self.source)  # fresh runs only: later ones read files
+            self.tokenizer = self.tokenizer or tokenizer
+            if not resume:  # the source's own file, byte for byte: the new run dir is self-contained
+                self.source.copy_files(self.files, [TOKENIZER_FILE])
+                write_record(self.files, self.source, {k: self.encoder_spec["cfg"][k] for k in SHAPE_KEYS})
+        elif m.pretrained_from is not None and self.encoder_spec is None:
             ignored = ignored_arch_keys(m)
             if ignored:  # fresh runs only: later ones read encoder.json, so this is logged once per run
-                log.warning("model.pretrained_dir is set: its config.json gives the encoder's shape, so %s "
+                log.warning("model.pretrained_from is set: its config.json gives the encoder's shape, so %s "
                             "(set in the recipe) are ignored", ", ".join(f"model.{k}" for k in ignored))
             cfg, vocab, types = bert_config(read_bert_config(self.pretrained_path), dropout=m.dropout)
             self.encoder_spec = {"cfg": dataclasses.asdict(cfg), "vocab_size": vocab, "type_vocab_size": types}
         if self.tokenizer is None:
-            if m.pretrained_dir is not None:
-                self.tokenizer = TextTokenizer.load(self.pretrained_path, BERT_SPECIALS, key="model.pretrained_dir")
+            if m.pretrained_from is not None:
+                self.tokenizer = TextTokenizer.load(self.pretrained_path, BERT_SPECIALS, key="model.pretrained_from")
             else:
                 rows = self._train_rows or read_rows(self.data, "train")
                 texts = (t for r in rows for t in (r[0], r[1]) if t is not None)  # not read when tokenizer.path is set
@@ -149,6 +196,31 @@ class TextClassificationTask(Task):
                                (ENCODER_FILE, json.dumps(self.encoder_spec) if self.encoder_spec else None)):
                 if text is not None and not self.files.exists(name):
                     self.files.write_text(name, text)
+
+    def _from_source(self, source: SourceRun) -> tuple[TextTokenizer, dict[str, Any]]:
+        """The tokenizer and the encoder spec of a source run (checked against each other)."""
+        spec = self._source_encoder_spec(source)
+        tokenizer = TextTokenizer.from_str(source.read_file(TOKENIZER_FILE))
+        if tokenizer.vocab_size != spec["vocab_size"]:
+            raise TkError(f"model.pretrained_from: {source.spec}'s {TOKENIZER_FILE} has {tokenizer.vocab_size} tokens "
+                          f"but its embedding {spec['vocab_size']} rows; give the run dir the checkpoint belongs to")
+        return tokenizer, spec
+
+    def _source_encoder_spec(self, source: SourceRun) -> dict[str, Any]:
+        """The encoder of a source run: its config's shape keys (a recipe value that disagrees is an
+        error), its position table's length (else data.max_len), its embeddings' vocabulary sizes."""
+        m = adopt_shape(self.model_cfg, source.section("model"), SHAPE_KEYS)
+        weights = source.weights()
+        tok = weights.get(f"{ENCODER_PREFIX}tok_embed.weight")
+        if tok is None:
+            raise TkError(f"model.pretrained_from: {source.spec} has no tensor {ENCODER_PREFIX}tok_embed.weight: its "
+                          f"model keeps no core TextEncoder under {ENCODER_PREFIX!r}")
+        pos, types = weights.get(f"{ENCODER_PREFIX}pos_embed.weight"), weights.get(f"{ENCODER_PREFIX}type_embed.weight")
+        cfg = TransformerConfig.of(m, max_len=pos.shape[0] if pos is not None else self.data.max_len)
+        log.debug("model.pretrained_from: the encoder of %s (%s run, %s): dim %d, depth %d",
+                  source.spec, source.task, source.checkpoint.name, cfg.dim, cfg.depth)
+        return {"cfg": dataclasses.asdict(cfg), "vocab_size": int(tok.shape[0]),
+                "type_vocab_size": int(types.shape[0]) if types is not None else 0}
 
     def state_dict(self) -> dict[str, Any]:
         record = self._teacher.record if self._teacher is not None else self._saved_teacher
@@ -240,8 +312,14 @@ class TextClassificationTask(Task):
         return {"input_ids": self.collate(rows)["input_ids"]}
 
     def init_pretrained(self, model: nn.Module) -> None:
-        """Fine-tuning: copy ``model.pretrained_dir``'s weights into the encoder (fresh runs only)."""
-        if self.model_cfg.pretrained_dir is not None:
+        """Fine-tuning: copy ``model.pretrained_from``'s encoder weights (a tk run's, or an HF
+        folder's) into the encoder; the head stays new (fresh runs only)."""
+        if self.model_cfg.pretrained_from is None:
+            return
+        if self.source is not None:
+            load_backbone(model, self.source.weights(), prefix=ENCODER_PREFIX)
+            self._source = None  # done: drop the mapped checkpoint
+        else:
             load_bert_weights(model.encoder, self.pretrained_path)
 
     def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:

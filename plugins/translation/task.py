@@ -73,6 +73,8 @@ class TranslationTask(Task):
         "data.hf_val_split": "was renamed to data.hf_split, a mapping of tk split to dataset split; write "
                              "`data: {hf_split: {train: train, val: validation, test: test}}`",
         "train.best_metric=val/ppl": "train.best_metric=val/perplexity",
+        "model.pretrained_from": "is not supported yet for translation (a text encoder run cannot seed the "
+                                 "encoder-decoder); remove it to train from scratch",
     }
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:

@@ -1,4 +1,4 @@
-"""Fine-tuning from timm weights (offline, model.pretrained_file): model.timm and arch: vit."""
+"""Fine-tuning from timm weights (offline, model.pretrained_from): model.timm and arch: vit."""
 
 import json
 
@@ -43,7 +43,7 @@ def check_loaded(model, source, grid, heads=("head.",)):
 
 def run_and_reload(tmp_path, weights, overrides):
     run_dir = tmp_path / "run"
-    args = ["run", "quickstart", f"output_dir={run_dir}", *SMALL, *overrides, f"model.pretrained_file={weights}"]
+    args = ["run", "quickstart", f"output_dir={run_dir}", *SMALL, *overrides, f"model.pretrained_from={weights}"]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert any("loss" in json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
@@ -62,7 +62,7 @@ def test_finetune_timm_from_file(tmp_path):
     weights = tmp_path / "w.safetensors"
     save_file(source.state_dict(), weights)
     overrides = ["model.timm=vit_tiny_patch16_224", "data.img_size=32", "model.freeze=all_but_last_2"]
-    task = build_task([*overrides, f"model.pretrained_file={weights}"])
+    task = build_task([*overrides, f"model.pretrained_from={weights}"])
     model = task.build_model()
     task.init_pretrained(model)
     check_loaded(model, source, (2, 2))
@@ -75,7 +75,7 @@ def test_finetune_tk_vit_from_file(tmp_path):
     source = timm.create_model("vit_tiny_patch16_224", img_size=16, num_classes=3, **VIT)  # grid 2x2
     weights = tmp_path / "w.pth"
     torch.save(source.state_dict(), weights)
-    task = build_task([*TK_VIT, f"model.pretrained_file={weights}"])
+    task = build_task([*TK_VIT, f"model.pretrained_from={weights}"])
     model = task.build_model()
     task.init_pretrained(model)
     check_loaded(model, source, (4, 4))
@@ -98,15 +98,15 @@ def test_tk_vit_from_another_patch_size():
     torch.testing.assert_close(own["blocks.1.attn.qkv.weight"], source.state_dict()["blocks.1.attn.qkv.weight"])
 
 
-def test_tk_checkpoint_as_pretrained_file(tmp_path):
-    """A tk ViT run's checkpoint is a valid model.pretrained_file (tk's ViT keeps timm's names):
+def test_tk_checkpoint_as_pretrained_from(tmp_path):
+    """A tk ViT run's checkpoint is a valid model.pretrained_from (tk's ViT keeps timm's names):
     the backbone of the next run starts from it, its head is new."""
     first = tmp_path / "first"
     result = CliRunner().invoke(cli, ["run", "quickstart", f"output_dir={first}", *SMALL, *TK_VIT],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     ckpt = first / "checkpoints" / "last.pt"
-    task = build_task([*TK_VIT, f"model.pretrained_file={ckpt}", "train.seed=5"])
+    task = build_task([*TK_VIT, f"model.pretrained_from={ckpt}", "train.seed=5"])
     model = task.build_model()
     task.init_pretrained(model)
     _, trained = load_run(first, "last")
@@ -117,31 +117,31 @@ def test_tk_checkpoint_as_pretrained_file(tmp_path):
             torch.testing.assert_close(model.state_dict()[key], value, msg=key)
 
 
-def test_missing_and_incompatible_pretrained_file(tmp_path):
-    task = build_task([*TK_VIT, f"model.pretrained_file={tmp_path / 'none.pth'}"])
+def test_missing_and_incompatible_pretrained_from(tmp_path):
+    task = build_task([*TK_VIT, f"model.pretrained_from={tmp_path / 'none.pth'}"])
     with pytest.raises(TkError, match="none.pth does not exist"):
         task.init_pretrained(task.build_model())
     other = timm.create_model("vit_tiny_patch16_224", img_size=16, num_classes=3, **{**VIT, "embed_dim": 16})
     torch.save(other.state_dict(), tmp_path / "other.pth")
-    task = build_task([*TK_VIT, f"model.pretrained_file={tmp_path / 'other.pth'}"])
+    task = build_task([*TK_VIT, f"model.pretrained_from={tmp_path / 'other.pth'}"])
     with pytest.raises(TkError, match=r"other.pth does not fit.*'(cls_token|patch_embed.proj.weight|pos_embed)'"):
         task.init_pretrained(task.build_model())
 
 
-def test_pretrained_without_network_suggests_pretrained_file(monkeypatch):
+def test_pretrained_without_network_suggests_pretrained_from(monkeypatch):
     """No hub (offline mode, as on a machine without network): one TkError that names the
-    model and suggests model.pretrained_file."""
+    model and suggests model.pretrained_from."""
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once, no retries
     task = build_task(["model.timm=vit_tiny_patch16_224", "model.pretrained=true", "data.img_size=32"])
-    with pytest.raises(TkError, match=r"model.pretrained: cannot fetch .*'vit_tiny_patch16_224'.*model.pretrained_file"):
+    with pytest.raises(TkError, match=r"model.pretrained: cannot fetch .*'vit_tiny_patch16_224'.*model.pretrained_from"):
         task.init_pretrained(task.build_model())
 
 
 def test_tk_vit_pretrained_from_a_timm_name(monkeypatch):
     """arch: vit + model.pretrained + model.pretrained_from: timm's published weights of that name
-    (the hub download is replaced by a local model here); offline, the error suggests pretrained_file."""
+    (the hub download is replaced by a local model here); offline, the error suggests pretrained_from."""
     torch.manual_seed(0)
     published = timm.create_model("vit_tiny_patch16_224", img_size=16, num_classes=3, **VIT)
     real_create = timm.create_model
@@ -156,7 +156,7 @@ def test_tk_vit_pretrained_from_a_timm_name(monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(TkError, match=r"cannot fetch .*'vit_tiny_patch16_224'.*model.pretrained_file"):
+    with pytest.raises(TkError, match=r"cannot fetch .*'vit_tiny_patch16_224'.*model.pretrained_from"):
         task.init_pretrained(task.build_model())
 
 

@@ -177,7 +177,7 @@ def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, ca
                         lambda repo_id, **kw: downloads.append(repo_id) or str(folder))  # the hub, offline
     run_dir = tmp_path / "run"
     with caplog.at_level("WARNING"):
-        run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "model.pretrained_dir=someone/tiny-bert",
+        run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "model.pretrained_from=someone/tiny-bert",
                  "model.dim=64", "model.num_heads=8", "model.encoder_lr_scale=0.1", "optim.lr=1e-9",
                  "train.max_steps=1", "data.num_train=64", "data.num_val=16", "train.progress=false",
                  "train.num_workers=0"])
@@ -218,7 +218,7 @@ def test_pretrained_dir_resolution(tmp_path, monkeypatch):
     assert resolve_pretrained_dir(str(tmp_path)) == tmp_path  # an existing folder: never the hub
     with pytest.raises(TkError, match=r"'owner/model' is not a folder on disk, and downloading .*offline"):
         resolve_pretrained_dir("owner/model")
-    with pytest.raises(TkError, match="model.pretrained_dir: .*nowhere/at/all does not exist"):
+    with pytest.raises(TkError, match="model.pretrained_from: .*nowhere/at/all does not exist"):
         resolve_pretrained_dir(str(tmp_path / "nowhere" / "at" / "all"))  # a path, not a hub id
 
 

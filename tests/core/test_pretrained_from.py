@@ -1,0 +1,217 @@
+"""``model.pretrained_from: RUN_DIR``: a finished tk run as the pretrained source of a new run
+(text_classification <- text_classification, language_model <- language_model,
+image_classification <- a ViT run), and the one-line errors of bad sources."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tk.core.cli import cli
+from tk.core.engine.assemble import assemble
+from tk.core.engine.inference import load_run
+from tk.core.recipe import load_config
+
+TEXTCLS = ["data.num_train=64", "data.num_val=16", "train.batch_size=16", "train.eval_batch_size=16",
+           "train.max_steps=2", "train.eval_every=2", "train.progress=false", "train.num_workers=0",
+           "model.dim=32", "model.depth=1", "model.num_heads=4", "tokenizer.vocab_size=100"]
+LM = ["data.num_sentences=300", "train.max_steps=2", "train.eval_every=2", "train.progress=false",
+      "train.num_workers=0", "train.batch_size=4", "data.eval_blocks=4", "data.num_samples=0", "model.dim=32",
+      "model.depth=1", "data.block_size=32", "model.max_len=64"]
+
+
+def tk(args):
+    return CliRunner().invoke(cli, args)
+
+
+def train(recipe, run_dir, overrides):
+    result = tk(["run", recipe, f"output_dir={run_dir}", *overrides])
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+def fresh(recipe, run_dir, overrides):
+    """The new run's task and model at step 0, built as `tk run` builds them (mode "train")."""
+    cfg, task_cls = load_config(recipe, list(overrides))
+    run_dir.mkdir()
+    built = assemble(cfg, task_cls, run_dir, "train")
+    return built.task, built.model
+
+
+@pytest.fixture(scope="module")
+def textcls_run(tmp_path_factory):
+    return train("textcls_synthetic", tmp_path_factory.mktemp("src") / "run", [*TEXTCLS, "model.hidden_dim=48"])
+
+
+def test_text_classification_from_a_run(textcls_run, tmp_path):
+    """Every encoder tensor equals the source's at step 0, the head is fresh, the tokenizer file
+    is the source's (byte for byte); a shape key the recipe leaves at its default takes the source's value."""
+    _, source = load_run(textcls_run, "best")
+    task, model = fresh("textcls_synthetic", tmp_path / "new",  # no model.hidden_dim: the source's 48
+                        [*TEXTCLS, "data.seed=1", "train.seed=7", f"model.pretrained_from={textcls_run}"])
+    mine, theirs = model.state_dict(), source.state_dict()
+    encoder = [k for k in theirs if k.startswith("encoder.")]
+    assert len(encoder) > 10 and model.encoder.cfg.dim == 32 and model.encoder.cfg.hidden_dim == 48
+    for key in encoder:
+        torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0, msg=key)
+    assert not torch.equal(mine["head.weight"], theirs["head.weight"])  # a new head
+    tokenizer = "artifacts/tokenizer.json"
+    assert (tmp_path / "new" / tokenizer).read_bytes() == (textcls_run / tokenizer).read_bytes()
+    record = json.loads((tmp_path / "new" / "artifacts" / "pretrained.json").read_text())
+    assert record["task"] == "text_classification" and record["model"]["hidden_dim"] == 48
+
+
+def test_text_classification_run_then_eval_without_the_source(textcls_run, tmp_path):
+    """The CLI end to end: the new run trains, and evaluates after the source is gone (it is
+    self-contained); a checkpoint file is a source too."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(textcls_run, copy)
+    new = train("textcls_synthetic", tmp_path / "new",
+                [*TEXTCLS, "data.seed=1", f"model.pretrained_from={copy / 'checkpoints' / 'last.pt'}"])
+    shutil.rmtree(copy)
+    result = tk(["eval", str(new), "--checkpoint", "last"])
+    assert result.exit_code == 0, result.output
+    resumed = tk(["run", "textcls_synthetic", f"output_dir={new}", *TEXTCLS, "data.seed=1", "train.max_steps=3",
+                  f"model.pretrained_from={copy}", "--resume"])  # resume never reads the (gone) source
+    assert resumed.exit_code == 0, resumed.output
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.dim=48", r"model.dim: the recipe sets 48 but the model.pretrained_from run was trained with 32"),
+    ("model.pretrained_from={missing}", r"model.pretrained_from: .*missing.* does not exist"),
+])
+def test_text_classification_bad_sources(textcls_run, tmp_path, override, message):
+    import re
+
+    base = [k for k in TEXTCLS if not k.startswith("model.")]
+    out = tmp_path / "new"
+    result = tk(["run", "textcls_synthetic", f"output_dir={out}", *base, f"model.pretrained_from={textcls_run}",
+                 override.format(missing=tmp_path / "missing")])
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.output) and len(result.output.strip().splitlines()) == 1, result.output
+    assert not out.exists()  # nothing written
+
+
+def test_errors_name_the_problem(textcls_run, tmp_path):
+    lm_run = train("lm_synthetic", tmp_path / "lm", LM)
+    cases = {  # override -> what the one line says
+        f"model.pretrained_from={lm_run}": "is a language_model run; a text_classification run can start from "
+                                           "a text_classification or mlm run",
+        f"model.pretrained_from={tmp_path / 'empty'}": "has no checkpoint",
+        f"model.pretrained_from={tmp_path / 'bad.pt'}": "cannot read checkpoint",
+        "model.pretrained_dir=x": "model.pretrained_dir was renamed to model.pretrained_from",
+    }
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.yaml").write_text("task: text_classification\n")
+    (tmp_path / "bad.pt").write_bytes(b"PK not really")
+    base = [k for k in TEXTCLS if not k.startswith("model.")]
+    for override, expected in cases.items():
+        out = tmp_path / "out"
+        result = tk(["run", "textcls_synthetic", f"output_dir={out}", *base, override])
+        assert result.exit_code == 2 and expected in result.output, (override, result.output)
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert not out.exists(), override
+    result = tk(["validate", "textcls_synthetic", f"model.pretrained_from={lm_run}"])  # validate checks it too
+    assert result.exit_code == 2 and "is a language_model run" in result.output, result.output
+
+
+def test_language_model_continued_on_other_data(tmp_path):
+    """An LM run continues on other generated text: same tokenizer file, every weight at step 0
+    the source's; a recipe asking for another tokenizer is refused."""
+    src = train("lm_synthetic", tmp_path / "src", [*LM, "model.num_kv_heads=2"])
+    _, source = load_run(src, "last")
+    new = LM  # no model.num_kv_heads: the source's 2
+    task, model = fresh("lm_synthetic", tmp_path / "new", [*new, "data.seed=3", f"model.pretrained_from={src}"])
+    for key, value in source.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    tokenizer = "artifacts/tokenizer.json"
+    assert (tmp_path / "new" / tokenizer).read_bytes() == (src / tokenizer).read_bytes()
+    assert task.model_cfg.num_kv_heads == 2 and task.model_cfg.dim == 32
+    for bad, expected in (("tokenizer.kind=bpe", "tokenizer.kind: the recipe asks for 'bpe' but"),
+                          (f"tokenizer.path={src / tokenizer}", "tokenizer.path: model.pretrained_from brings")):
+        out = tmp_path / "bad"
+        result = tk(["run", "lm_synthetic", f"output_dir={out}", *new, f"model.pretrained_from={src}", bad])
+        assert result.exit_code == 2 and expected in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+    # end to end, then the continued run reloads with the adopted shape (its config.yaml has no num_kv_heads)
+    cont = train("lm_synthetic", tmp_path / "cont", [*new, "data.seed=3", f"model.pretrained_from={src}"])
+    task, model = load_run(cont, "last")
+    assert task.model_cfg.num_kv_heads == 2
+
+
+VIT = ["data.num_train=32", "data.num_val=16", "train.batch_size=8", "train.eval_batch_size=16", "train.max_steps=2",
+       "train.eval_every=2", "train.num_workers=0", "train.progress=false", "model.patch_size=8", "model.dim=32",
+       "model.depth=2", "model.num_heads=4"]
+
+
+def image_folder(root):
+    """3 classes of 32x32 images in root/train and root/val (another class count than the source's 10)."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c, colour in enumerate(("red", "green", "blue")):
+            (root / split / colour).mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (32, 32), colour).save(root / split / colour / f"{i}.png")
+    return root
+
+
+def test_image_classification_from_a_vit_run(tmp_path):
+    """A quickstart ViT run -> a 3-class image-folder run: the backbone is the source's at step 0,
+    the head new (3 classes), the normalisation the source's; the old key names the new one."""
+    src = train("quickstart", tmp_path / "src", [*VIT, "model.mlp_ratio=3.0"])
+    _, source = load_run(src, "last")
+    root = image_folder(tmp_path / "images")
+    task, model = fresh("quickstart", tmp_path / "new", [*VIT, "data.source=imagefolder", f"data.root={root}",
+                                                        f"model.pretrained_from={src}"])
+    theirs, mine = source.state_dict(), model.state_dict()
+    assert task.model_cfg.mlp_ratio == 3.0 and mine["head.weight"].shape[0] == 3
+    for key, value in theirs.items():
+        if not key.startswith("head."):
+            torch.testing.assert_close(mine[key], value, rtol=0, atol=0, msg=key)
+    norm = "artifacts/normalize.json"
+    assert json.loads((tmp_path / "new" / norm).read_text()) == json.loads((src / norm).read_text())
+    result = tk(["run", "quickstart", f"output_dir={tmp_path / 'old'}", *VIT, f"model.pretrained_file={src}"])
+    assert result.exit_code == 2 and "model.pretrained_file was renamed to model.pretrained_from" in result.output
+    result = tk(["run", "quickstart", f"output_dir={tmp_path / 'bad'}", *VIT, "model.dim=48",
+                 f"model.pretrained_from={src}"])
+    assert result.exit_code == 2 and "model.dim: the recipe sets 48 but" in result.output, result.output
+    assert not (tmp_path / "bad").exists()
+
+
+def test_translation_says_not_supported_yet(tmp_path):
+    result = tk(["run", "translation_synthetic", f"output_dir={tmp_path / 'tr'}", f"model.pretrained_from={tmp_path}"])
+    assert result.exit_code == 2 and "model.pretrained_from is not supported yet for translation" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "tr").exists()
+
+
+def test_an_mlm_run_is_a_source(textcls_run, tmp_path):
+    """Any run whose model keeps a TextEncoder under encoder.* (an mlm run: task mlm, its own head)."""
+    import shutil
+
+    import yaml
+
+    mlm = tmp_path / "mlm"
+    shutil.copytree(textcls_run, mlm)
+    config = yaml.safe_load((mlm / "config.yaml").read_text())
+    (mlm / "config.yaml").write_text(yaml.safe_dump({**config, "task": "mlm"}))
+    _, model = fresh("textcls_synthetic", tmp_path / "new", [*TEXTCLS, f"model.pretrained_from={mlm}"])
+    _, source = load_run(textcls_run, "best")
+    torch.testing.assert_close(model.encoder.tok_embed.weight, source.encoder.tok_embed.weight, rtol=0, atol=0)
+
+
+def test_load_backbone_names_the_first_misfit():
+    from tk.core.engine.inference import load_backbone
+    from tk.core.errors import TkError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    weights = {"0.weight": torch.ones(3, 4), "0.bias": torch.ones(3), "1.weight": torch.ones(2, 3)}
+    assert load_backbone(model, weights, exclude=("1.",)) == ["0.weight", "0.bias"]
+    assert torch.equal(model[0].weight, torch.ones(3, 4)) and not torch.equal(model[1].weight, torch.ones(2, 3))
+    with pytest.raises(TkError, match=r"tensor '0.weight' is \(5, 4\) in the source but \(3, 4\) in this model"):
+        load_backbone(model, {**weights, "0.weight": torch.ones(5, 4)})
+    with pytest.raises(TkError, match=r"the source model has no tensor '1.bias'"):
+        load_backbone(model, weights)
