@@ -248,6 +248,7 @@ def load_config(recipe: str | Path, overrides: list[str] = (), *, task_loader=No
             errors.append(problem)
         else:
             _set_path(raw, keys, value)
+    errors += renamed_key_problems(raw, getattr(task_cls, "renamed_keys", {}))  # old keys inside an override's section
     for key in raw:
         if key not in schema:
             errors.append(f"{key}: unknown top-level key{did_you_mean(key, schema)} "
@@ -284,7 +285,8 @@ def _renamed_message(old: str, new: str, value: Any) -> str:
         key, new_value = new.split("=", 1)
         return f"{key}: {value!r} was renamed to {new_value!r}; write `{key}={new_value}`"
     section, _, field = new.partition(".")
-    example = f"`{section}: {{{field}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}}}`"
+    shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    example = f"`{section}: {{{field}: {shown}}}`"
     return f"{old.split('=')[0]} was renamed to {new}; write {example} instead"
 
 

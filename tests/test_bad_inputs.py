@@ -264,6 +264,8 @@ CASES: dict[str, Case] = {
     "run dir/overwrite plain folder": C(["run", "{toy}", "output_dir={d}/plain", "--overwrite"], 2,
                                         "refusing to delete"),
     "run dir/resume nothing": C(["run", "{toy}", "output_dir={d}/new", "--resume"], 2, "holds no previous run"),
+    "run dir/resume auto, missing pretrained source": C(["run", "textcls_synthetic", "output_dir={d}/new", "--resume",
+                                                         "auto", "model.pretrained_from={d}/nope"], 2, "nope"),
     "run dir/resume foreign": C(["run", "{toy}", "output_dir={foreign}", "--resume"], 2, "holds no tk run"),
     "run dir/resume auto foreign": C(["run", "{toy}", "output_dir={foreign}", "--resume", "auto"], 2,
                                      "holds no tk run"),

@@ -150,6 +150,10 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str]
             than ``average_last`` step checkpoints.
     """
     run_dir = Path(run_dir)
+    if average_last is not None:  # step checkpoints are averaged by their raw weights
+        if ema:
+            raise TkError("--average-last averages the raw weights of step checkpoints; drop --ema")
+        ema = False
     task, model, _ = _assemble_saved(run_dir, _open_run(run_dir, checkpoint, list(overrides), ema, weights), "predict")
     if average_last is not None:
         found = step_checkpoints(run_dir)

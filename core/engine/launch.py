@@ -173,7 +173,9 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
             check_logger_packages(cfg)
             if problem:
                 raise TkError(problem)
-        if not resume:  # e.g. model.pretrained_from: a missing or unreadable source, before anything is written
+        main_first = dist is None or dist.rank == 0  # --resume auto: rank 0's view of the dir, before any write
+        fresh = not resume or (auto and main_first and auto_resume_plan(cfg.output_dir) != "resume")
+        if fresh:  # e.g. model.pretrained_from: a missing or unreadable source, before anything is written
             fresh_problems = task_cls.check_fresh_run(cfg)
             if fresh_problems:
                 raise TkError("; ".join(fresh_problems))

@@ -31,7 +31,7 @@ from tk.core.engine.ema import ModelEMA
 from tk.core.engine.evaluate import evaluate_loader
 from tk.core.engine.export import export_safetensors
 from tk.core.engine.loggers import open_loggers
-from tk.core.engine.parallel import autocast_needed, full_model_state, gathered, gradient_sync, wrap_model
+from tk.core.engine.parallel import autocast_needed, full_model_state, gathered, gradient_sync, is_fsdp, wrap_model
 from tk.core.engine.precision import Precision
 from tk.core.engine.progress import RunProgress, eval_due
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, train_record
@@ -312,7 +312,8 @@ class Trainer:
             self.counts.start_clock()
             with stop_signals(self.stop, rearm=self.world_size == 1):
                 results = self._loop(bar)
-            weights = full_model_state(self.model)  # fsdp: gathered to rank 0 (a collective)
+            # fsdp: the full weights gathered to rank 0 (a collective); else the module (LoRA written merged)
+            weights = full_model_state(self.model) if is_fsdp(self.model) else self.model
             if self.checkpoints is not None:
                 export_safetensors(weights, self.run_dir / "model.safetensors")
                 if self.ema is not None:

@@ -53,7 +53,12 @@ def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
                       f"train.strategy={t.tcfg.strategy}; resume with train.strategy={saved}")
     if is_fsdp(t.model):
         diff = config_diff(state.get("config", {}), t.cfg.to_dict())
-        load_full_training_state(t.model, t.optimizer, state["model"], state["optimizer"])
+        try:
+            load_full_training_state(t.model, t.optimizer, state["model"], state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:  # another model: a one-line error, as for ddp
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TkError(f"--resume: the checkpoint does not fit this model ({first}). Settings that differ "
+                          f"from the checkpoint's run: {'; '.join(diff) or 'none'}") from None
     else:
         diff = load_resumed_model(t.model, state, t.cfg.to_dict())
         t.optimizer.load_state_dict(state["optimizer"])
