@@ -30,6 +30,8 @@ import html
 import importlib.util
 import json
 import math
+import re
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -182,6 +184,19 @@ class CsvLogger(Logger):
             writer.writerows(records)
 
 
+def _wait_past_newest_event_file(log_dir: Path) -> None:
+    """Sleep until a new event file's name sorts after every file already in ``log_dir``.
+
+    TensorBoard reads event files in name order and the name starts with the creation second
+    (then host and pid): a resumed run started within the killed run's second could sort
+    first, and its purge of the killed run's later steps would then be read before them.
+    """
+    seconds = [int(m.group(1)) for f in log_dir.glob("events.out.tfevents.*")
+               if (m := re.match(r"events\.out\.tfevents\.(\d+)\.", f.name))]
+    if seconds:
+        time.sleep(max(0.0, max(seconds) + 1 - time.time()))
+
+
 class TensorBoardLogger(Logger):
     """Scalars, images and text as TensorBoard events in ``<run_dir>/tensorboard``.
 
@@ -198,6 +213,8 @@ class TensorBoardLogger(Logger):
         from torch.utils.tensorboard import SummaryWriter
 
         purge = resumed_at + 1 if resumed_at is not None else None
+        if resumed_at is not None:
+            _wait_past_newest_event_file(Path(log_dir))
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge)
 
     def log(self, record: dict[str, Any]) -> None:

@@ -78,7 +78,10 @@ def test_tensorboard_resume_purges_the_killed_runs_later_points(tmp_path):
     for step in range(1, 11):  # the killed run got to step 10, its last checkpoint was step 6
         first.log({"step": step, "split": "train", "loss": 1.0})
     first.close()
-    time.sleep(1.1)  # event file names hold the second they were created: the resumed one sorts after
+    # the killed run's file as a faster machine names it: created this second, by a later pid on a
+    # host name that sorts last; the resumed file must still be read after it
+    (killed,) = log_dir.glob("events.out.tfevents.*")
+    killed.rename(log_dir / f"events.out.tfevents.{int(time.time()):010d}.zzzz.99999999.0")
     resumed = TensorBoardLogger(log_dir, resumed_at=6)
     for step in range(7, 13):
         resumed.log({"step": step, "split": "train", "loss": 2.0})
