@@ -33,7 +33,7 @@ def _refuse(key: str, value: Any, need: str) -> TkError:
 
 def _vit(model: VisionTransformer) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     cfg = model.cfg
-    for name, allowed in (("norm", "layernorm"), ("activation", "gelu"), ("bias", True)):
+    for name, allowed in (("norm", "layernorm"), ("activation", "gelu"), ("bias", True), ("stem", "patch")):
         if getattr(cfg, name) != allowed:
             raise _refuse(f"model.{name}", getattr(cfg, name), f"it needs {allowed!r}")
     if abs(cfg.norm_eps - _TIMM_NORM_EPS) > 1e-12:

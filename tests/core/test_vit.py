@@ -5,7 +5,7 @@ import timm
 import torch
 
 from tk.core.nn.config import ViTConfig
-from tk.core.nn.vit import VisionTransformer, convert_timm_vit_state_dict, load_timm_vit
+from tk.core.nn.vit import ConvStem, VisionTransformer, convert_timm_vit_state_dict, load_timm_vit
 from tk.core.optim import OptimConfig, build_optimizer, param_groups
 
 
@@ -151,3 +151,28 @@ def test_built_from_a_config_with_overrides():
     assert type(block.norm1).__name__ == "RMSNorm" and type(model.norm).__name__ == "RMSNorm"
     with pytest.raises(TypeError, match="drop_rate"):
         VisionTransformer(cfg, drop_rate=0.1)
+
+
+def test_conv_stem_gives_the_patch_grid_with_overlapping_convolutions():
+    """stem: conv: log2(P) 3x3 stride-2 convs (BN, ReLU), widths doubling to D, then a 1x1
+    projection: the same (B, N, D) tokens as the patch stem; a pixel changes the tokens of its
+    patch and (overlap) the neighbouring ones; positions and everything after are unchanged."""
+    stem = ConvStem(img_size=32, patch_size=8, in_chans=3, dim=64).eval()
+    convs = [m for m in stem.convs if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.stride) for c in convs] == [(3, 16, (2, 2)), (16, 32, (2, 2)),
+                                                                         (32, 64, (2, 2))]
+    x = torch.randn(2, 3, 32, 32)
+    y = x.clone()
+    y[:, :, 7, 7] += 1.0  # the last pixel of patch (0, 0): overlapping 3x3 windows reach the next patches
+    with torch.no_grad():
+        a, b = stem(x), stem(y)
+    assert a.shape == (2, 16, 64)
+    changed = ((a - b).abs().amax(dim=(0, 2)) > 0).nonzero().flatten().tolist()
+    assert changed == [0, 1, 4, 5]  # patches (0, 0), (0, 1), (1, 0), (1, 1) of the 4 x 4 grid
+    model = VisionTransformer(ViTConfig(dim=64, depth=1, num_heads=4, patch_size=8, stem="conv"), img_size=32,
+                              num_classes=3)
+    assert model.pos_embed.shape == (1, 17, 64) and model(x).shape == (2, 3)
+    assert model.layer_id("patch_embed.convs.0.weight") == 0
+    for bad in (6, 1):
+        with pytest.raises(ValueError, match=r"stem 'conv' needs patch_size to be a power of two"):
+            VisionTransformer(ViTConfig(dim=64, depth=1, num_heads=4, patch_size=bad, stem="conv"), img_size=48)
