@@ -183,3 +183,26 @@ def test_fsdp_translation_equals_ddp_on_two_processes(tmp_path):
     bleu = [(r["step"], r["val/bleu"]) for r in records(fsdp) if "val/bleu" in r]
     assert bleu == [(s, pytest.approx(b, abs=1e-6)) for s, b in
                     ((r["step"], r["val/bleu"]) for r in records(ddp) if "val/bleu" in r)]
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoint_resumes_with_another_process_count(tmp_path):
+    """Checkpoints hold full (gathered) weights and optimiser state, so a 2-process FSDP run
+    resumes on 3 processes (re-sharded on load); a one-line note says the sample order changes.
+    Switching the strategy on resume is refused in one line."""
+    fsdp, three = tmp_path / "fsdp", tmp_path / "three"
+    tk_run("lm_synthetic.yaml", fsdp, LM, "train.strategy=fsdp", "--nproc-per-node", "2")
+    shutil.copytree(fsdp, three)
+    step3 = str(three / "checkpoints" / "step_00000003.pt")
+    cmd = [str(Path(sys.executable).with_name("tk")), "run", str(ROOT / "recipes" / "lm_synthetic.yaml"),
+           f"output_dir={three}", *LM, "--resume-from", step3]
+    proc = subprocess.run([*cmd, "train.strategy=fsdp", "--nproc-per-node", "3"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "note: the checkpoint comes from 2 process(es)" in proc.stdout + proc.stderr
+    assert [r["step"] for r in records(three) if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    ours, ref = load_file(three / "model.safetensors"), load_file(fsdp / "model.safetensors")
+    assert sorted(ours) == sorted(ref) and all(ours[k].shape == ref[k].shape for k in ref)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # one process, strategy ddp
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "train.strategy=fsdp" in lines[0], proc.stderr
