@@ -5,8 +5,10 @@ unfused AdamW (``optim.fused``).
    (each process gets half): DDP (``DistributedDataParallel``) vs FSDP2 (tk's
    ``wrap_fsdp``: ``fully_shard`` per block and at the root). One step is the engine's:
    forward, summed cross-entropy, backward, the global gradient norm (one all-reduced
-   number under FSDP), clip at 1.0, AdamW step, zero. Median step time after warm-up.
-   Target: FSDP <= 1.3x DDP. On CPU/gloo FSDP pays an all-gather per block in forward
+   number under FSDP), clip at 1.0, AdamW step, zero. Strategies run in interleaved rounds
+   (DDP, FSDP, FSDP with ``train.fsdp_reshard=false``: blocks stay gathered from forward to
+   backward, one all-gather per block instead of two); median over rounds of each round's
+   median step time after warm-up. Target: FSDP <= 1.3x DDP. On CPU/gloo FSDP pays an all-gather per block in forward
    and backward and a reduce-scatter, against DDP's one bucketed all-reduce: the ratio
    says what sharding costs where memory is not the limit.
 2. One process: ``torch.optim.AdamW`` step time with ``fused=True`` vs ``foreach=True``
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import statistics
 import tempfile
@@ -72,7 +75,10 @@ def _worker(rank: int, port: int, strategy: str, args: argparse.Namespace, out: 
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         model = build(args.dim, args.depth)
-        model = wrap_fsdp(model, torch.device("cpu"), 2) if strategy == "fsdp" else DistributedDataParallel(model)
+        if strategy == "ddp":
+            model = DistributedDataParallel(model)
+        else:  # fsdp: blocks resharded after forward; fsdp_keep: gathered until backward (train.fsdp_reshard=false)
+            model = wrap_fsdp(model, torch.device("cpu"), 2, reshard=strategy == "fsdp")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         times = train_steps(model, opt, args.batch // 2, args.warmup + args.steps, seed=rank)[args.warmup:]
         local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
@@ -87,15 +93,24 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+STRATEGIES = ("ddp", "fsdp", "fsdp_keep")
+
+
 def data_parallel(args: argparse.Namespace) -> dict[str, dict]:
-    rows = {}
+    """Per strategy: the median over ``args.reps`` rounds (strategies interleaved, the order
+    rotating each round) of each round's median step time of the slower rank."""
+    rounds: dict[str, list[float]] = {k: [] for k in STRATEGIES}
+    local: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as out:
-        for strategy in ("ddp", "fsdp"):
-            mp.spawn(_worker, args=(_port(), strategy, args, out), nprocs=2, join=True)
-            ranks = [torch.load(Path(out) / f"{strategy}{r}.pt") for r in (0, 1)]
-            step = [max(a, b) for a, b in zip(ranks[0]["times"], ranks[1]["times"])]  # the slower rank
-            rows[strategy] = {"step_ms": 1e3 * statistics.median(step), "local_params": ranks[0]["local_params"]}
-    return rows
+        for rep in range(args.reps):
+            order = STRATEGIES[rep % 3:] + STRATEGIES[:rep % 3]
+            for strategy in order:
+                mp.spawn(_worker, args=(_port(), strategy, args, out), nprocs=2, join=True)
+                ranks = [torch.load(Path(out) / f"{strategy}{r}.pt") for r in (0, 1)]
+                step = [max(a, b) for a, b in zip(ranks[0]["times"], ranks[1]["times"])]  # the slower rank
+                rounds[strategy].append(1e3 * statistics.median(step))
+                local[strategy] = ranks[0]["local_params"]
+    return {k: {"step_ms": statistics.median(v), "rounds_ms": v, "local_params": local[k]} for k, v in rounds.items()}
 
 
 def optimiser_kernels(args: argparse.Namespace) -> dict[str, float]:
@@ -118,20 +133,24 @@ def optimiser_kernels(args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a small model and few steps (checks that it runs)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per round")
+    p.add_argument("--reps", type=int, default=None, help="interleaved rounds per strategy")
     args = p.parse_args()
     args.dim, args.depth = (64, 2) if args.quick else (256, 6)
     args.batch = 8 if args.quick else 32  # global batch: each process gets half
     args.warmup = 2 if args.quick else 5
-    args.steps = args.steps or (8 if args.quick else 30)
+    args.steps = args.steps or (8 if args.quick else 20)
+    args.reps = args.reps or (1 if args.quick else 3)
 
     dp = data_parallel(args)
     ratio = dp["fsdp"]["step_ms"] / dp["ddp"]["step_ms"]
-    print(f"LM dim {args.dim} depth {args.depth}, global batch {args.batch} x {SEQ} tokens, 2 gloo processes")
-    print(f"{'strategy':10s} {'step ms':>10s} {'params/process':>15s}")
+    keep = dp["fsdp_keep"]["step_ms"] / dp["ddp"]["step_ms"]
+    print(f"LM dim {args.dim} depth {args.depth}, global batch {args.batch} x {SEQ} tokens, 2 gloo processes, "
+          f"{args.reps} interleaved rounds of {args.steps} timed steps, {platform.processor() or platform.machine()}")
+    print(f"{'strategy':10s} {'step ms':>10s} {'params/process':>15s}  rounds")
     for name, row in dp.items():
-        print(f"{name:10s} {row['step_ms']:10.1f} {row['local_params']:15,d}")
-    print(f"fsdp / ddp step time: {ratio:.2f}x (target <= 1.3x)")
+        print(f"{name:10s} {row['step_ms']:10.1f} {row['local_params']:15,d}  {[round(v, 1) for v in row['rounds_ms']]}")
+    print(f"fsdp / ddp step time: {ratio:.2f}x, with train.fsdp_reshard=false {keep:.2f}x (target <= 1.3x)")
     opt = optimiser_kernels(args)
     print(f"\n{'AdamW kernel':12s} {'step ms':>10s}")
     for name, ms in opt.items():
@@ -139,6 +158,7 @@ def main() -> None:
     print(json.dumps({"benchmark": "fsdp", "quick": args.quick, "steps": args.steps, "dim": args.dim,
                       "depth": args.depth, "global_batch": args.batch, "ddp_step_ms": round(dp["ddp"]["step_ms"], 2),
                       "fsdp_step_ms": round(dp["fsdp"]["step_ms"], 2), "fsdp_over_ddp": round(ratio, 3),
+                      "fsdp_keep_over_ddp": round(keep, 3),
                       "fsdp_params_per_process": dp["fsdp"]["local_params"],
                       "ddp_params_per_process": dp["ddp"]["local_params"],
                       "adamw_ms": {k: round(v, 3) for k, v in opt.items()},

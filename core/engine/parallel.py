@@ -60,10 +60,15 @@ def _broadcast_from_rank0(model: nn.Module) -> None:
             dist.broadcast(tensor.data, src=0)
 
 
-def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision: str = "fp32") -> nn.Module:
+def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision: str = "fp32",
+              reshard: bool = True) -> nn.Module:
     """Shard ``model`` in place with FSDP2: each Transformer block, then the root (embeddings,
     heads and the rest), over a 1-D device mesh of all processes. On CUDA, bf16 ``precision``
-    becomes FSDP's parameter dtype (gradients reduced in fp32).
+    becomes FSDP's parameter dtype (gradients reduced in fp32). ``reshard``: free a block's
+    gathered weights after its forward and gather them again in backward (least memory);
+    False keeps them gathered from forward to backward (one all-gather per block per update).
+    The last block and the root are never resharded after forward: backward needs them first
+    (torchtitan's choice).
 
     Raises:
         TkError: one process, or no block list found in the model.
@@ -80,18 +85,18 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
     options: dict[str, Any] = {"mesh": mesh}
     if device.type == "cuda" and precision in _PARAM_DTYPES:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=_PARAM_DTYPES[precision], reduce_dtype=torch.float32)
-    for block in blocks:
-        fully_shard(block, **options)
-    fully_shard(model, **options)
+    for i, block in enumerate(blocks):
+        fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **options)
+    fully_shard(model, reshard_after_forward=False, **options)
     return model
 
 
 def wrap_model(model: nn.Module, strategy: str, device: torch.device, world_size: int,
-               precision: str = "fp32") -> nn.Module:
+               precision: str = "fp32", fsdp_reshard: bool = True) -> nn.Module:
     """``model`` ready for data-parallel training: wrapped in DDP (``ddp``; as it is for one
     process) or sharded in place (``fsdp``: the returned model is ``model``)."""
     if strategy == "fsdp":
-        return wrap_fsdp(model, device, world_size, precision)
+        return wrap_fsdp(model, device, world_size, precision, fsdp_reshard)
     return wrap_ddp(model, device, world_size)
 
 
