@@ -41,12 +41,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _shard_worker(rank: int, port: int, out: str) -> None:
+def _shard_worker(rank: int, port: int, out: str, reshard: bool = True) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         ref = tiny_lm()
-        model = wrap_fsdp(tiny_lm(), torch.device("cpu"), 2)
+        model = wrap_fsdp(tiny_lm(), torch.device("cpu"), 2, reshard=reshard)
         block = model.decoder.layers[0]
         local = {n: p.to_local().numel() for n, p in block.named_parameters()}
         full = {n: p.numel() for n, p in block.named_parameters()}
@@ -61,7 +61,7 @@ def _shard_worker(rank: int, port: int, out: str) -> None:
         state = full_model_state(model)
         same = all(torch.equal(state[k], v) for k, v in ref.state_dict().items()) if rank == 0 else None
         torch.save({"local": local, "full": full, "norms": len(grads_norm), "norm": norm, "clipped": clipped,
-                    "gathered": gathered_ok, "same_weights": same}, f"{out}/rank{rank}.pt")
+                    "gathered": gathered_ok, "same_weights": same}, f"{out}/rank{rank}{'' if reshard else '_keep'}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -79,6 +79,10 @@ def test_fsdp_shards_each_block_over_two_processes_and_clips_the_global_norm(tmp
     assert r0["clipped"] == pytest.approx(0.5, rel=1e-4) and r1["clipped"] == pytest.approx(0.5, rel=1e-4)
     assert r0["gathered"] and r1["gathered"]
     assert r0["same_weights"]  # rank 0's initial weights, gathered back in full
+    # train.fsdp_reshard=false (blocks kept gathered until backward): the same gradients
+    mp.spawn(_shard_worker, args=(_free_port(), str(tmp_path), False), nprocs=2, join=True)
+    k0 = torch.load(tmp_path / "rank0_keep.pt")
+    assert k0["norm"] == pytest.approx(r0["norm"], rel=1e-6) and k0["local"] == r0["local"]
 
 
 def test_fsdp_refuses_a_model_without_blocks_and_one_process():
