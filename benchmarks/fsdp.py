@@ -103,7 +103,7 @@ def data_parallel(args: argparse.Namespace) -> dict[str, dict]:
     local: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as out:
         for rep in range(args.reps):
-            order = STRATEGIES[rep % 3:] + STRATEGIES[:rep % 3]
+            order = STRATEGIES[rep % len(STRATEGIES):] + STRATEGIES[:rep % len(STRATEGIES)]
             for strategy in order:
                 mp.spawn(_worker, args=(_port(), strategy, args, out), nprocs=2, join=True)
                 ranks = [torch.load(Path(out) / f"{strategy}{r}.pt") for r in (0, 1)]
@@ -149,13 +149,15 @@ def main() -> None:
           f"{args.reps} interleaved rounds of {args.steps} timed steps, {platform.processor() or platform.machine()}")
     print(f"{'strategy':10s} {'step ms':>10s} {'params/process':>15s}  rounds")
     for name, row in dp.items():
-        print(f"{name:10s} {row['step_ms']:10.1f} {row['local_params']:15,d}  {[round(v, 1) for v in row['rounds_ms']]}")
+        rounds = [round(v, 1) for v in row["rounds_ms"]]
+        print(f"{name:10s} {row['step_ms']:10.1f} {row['local_params']:15,d}  {rounds}")
     print(f"fsdp / ddp step time: {ratio:.2f}x, with train.fsdp_reshard=false {keep:.2f}x (target <= 1.3x)")
     opt = optimiser_kernels(args)
     print(f"\n{'AdamW kernel':12s} {'step ms':>10s}")
     for name, ms in opt.items():
         print(f"{name:12s} {ms:10.3f}")
-    print(json.dumps({"benchmark": "fsdp", "quick": args.quick, "steps": args.steps, "dim": args.dim,
+    print(json.dumps({"benchmark": "fsdp", "quick": args.quick, "steps": args.steps, "reps": args.reps,
+                      "dim": args.dim,
                       "depth": args.depth, "global_batch": args.batch, "ddp_step_ms": round(dp["ddp"]["step_ms"], 2),
                       "fsdp_step_ms": round(dp["fsdp"]["step_ms"], 2), "fsdp_over_ddp": round(ratio, 3),
                       "fsdp_keep_over_ddp": round(keep, 3),

@@ -72,11 +72,13 @@ def main() -> None:
     labels = torch.randint(0, 2, (batch,), generator=gen)
     for name, m in models.items():  # warm-up: allocator, AdamW state
         m.train()
-        step_time(m, opts[name], ids, labels)
+        for _ in range(2):
+            step_time(m, opts[name], ids, labels)
     times: dict[str, list[float]] = {"full": [], "lora": []}
-    for _ in range(reps):
-        for name, m in models.items():
-            times[name].append(step_time(m, opts[name], ids, labels))
+    for rep in range(reps):
+        order = ["full", "lora"] if rep % 2 == 0 else ["lora", "full"]  # alternate who goes first
+        for name in order:
+            times[name].append(step_time(models[name], opts[name], ids, labels))
     med = {name: statistics.median(t) for name, t in times.items()}
     ratio = med["lora"] / med["full"]
 

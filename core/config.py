@@ -54,7 +54,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model for training (evaluation stays eager)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"  # torch.compile mode (train.compile)
     strategy: Literal["ddp", "fsdp"] = "ddp"  # several processes: ddp (whole model per process) or fsdp (sharded per block; docs/scaling.md)
-    fsdp_reshard: bool = True  # fsdp: free each block's gathered weights after its forward (least memory); false keeps them to backward (one all-gather per block instead of two, ZeRO-2-like)
+    fsdp_reshard: bool = True  # fsdp: free gathered block weights after forward; false: keep them to backward
     loggers: list[Literal["jsonl", "csv", "tensorboard", "wandb"]] = field(
         default_factory=lambda: ["jsonl", "csv"])  # where scalars go: jsonl (always written), csv, tensorboard, wandb (pip install tk[NAME])
     wandb_project: str | None = None  # W&B project (loggers: [wandb]); null: "tk"

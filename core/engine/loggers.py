@@ -193,8 +193,8 @@ def _wait_past_newest_event_file(log_dir: Path) -> None:
     """
     seconds = [int(m.group(1)) for f in log_dir.glob("events.out.tfevents.*")
                if (m := re.match(r"events\.out\.tfevents\.(\d+)\.", f.name))]
-    if seconds:
-        time.sleep(max(0.0, max(seconds) + 1 - time.time()))
+    if seconds:  # at most 2 s: a file stamped in the future (clock skew, copied run) must not stall the run
+        time.sleep(min(2.0, max(0.0, max(seconds) + 1 - time.time())))
 
 
 class TensorBoardLogger(Logger):

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from tk.core.engine.build import wrap_ddp
 from tk.core.errors import TkError
@@ -80,6 +81,11 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
     if world_size < 2:
         raise TkError("train.strategy: fsdp shards the model over several processes; start them with "
                       "`tk run --nproc-per-node N` (N >= 2), or use train.strategy=ddp for one process")
+    if device.type == "cuda" and precision in _PARAM_DTYPES and any(isinstance(m, _BatchNorm) for m in model.modules()):
+        # FSDP2 would cast BatchNorm's weight to bf16 but not its fp32 running statistics: the op fails
+        raise TkError(f"train.strategy: fsdp with train.precision={precision} on CUDA casts BatchNorm weights but "
+                      f"not their running statistics ({type(model).__name__} has BatchNorm, e.g. model.stem=conv); "
+                      f"use train.precision=fp32, train.strategy=ddp, or a model without BatchNorm")
     _broadcast_from_rank0(model)
     mesh = init_device_mesh(device.type, (world_size,))
     options: dict[str, Any] = {"mesh": mesh}
@@ -88,6 +94,9 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **options)
     fully_shard(model, reshard_after_forward=False, **options)
+    for module in model.modules():  # what gathered() restores
+        if isinstance(module, FSDPModule):
+            module._tk_reshard = module is not model and reshard and module is not blocks[-1]
     return model
 
 
@@ -135,8 +144,8 @@ def gathered(model: nn.Module) -> Iterator[None]:
     finally:
         for module in modules:
             module.reshard()
-            if module is not model:  # the root keeps its weights from forward to backward anyway
-                module.set_reshard_after_forward(True, recurse=False)
+            # back to wrap_fsdp's choice (train.fsdp_reshard; the last block and the root keep their weights)
+            module.set_reshard_after_forward(getattr(module, "_tk_reshard", True), recurse=False)
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:

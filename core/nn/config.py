@@ -143,7 +143,7 @@ class ViTConfig(TransformerConfig):
     attn_dropout: float | None = 0.0  # dropout on attention weights (timm attn_drop_rate); None = dropout
     pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # only "learned" (a 2-D grid table)
     patch_size: int = 16  # patch side P in pixels; must divide the image size
-    stem: Literal["patch", "conv"] = "patch"  # patch: one P x P convolution (timm); conv: 3x3 stride-2 convolutions + BN down to the same grid (P a power of 2)
+    stem: Literal["patch", "conv"] = "patch"  # patch: one P x P conv (timm); conv: 3x3 stride-2 convs + BN
     pooling: Literal["cls", "mean"] = "cls"  # classifier input: class token, or mean of patch tokens then norm
     distilled: bool = False  # DeiT: add a distillation token and head_dist (needs pooling "cls")
 
@@ -156,7 +156,8 @@ class ViTConfig(TransformerConfig):
         if self.stem not in ("patch", "conv"):
             problems.append(f"{k('stem')} ({self.stem!r}) must be 'patch' or 'conv'")
         elif self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
-            problems.append(f"{k('stem')} 'conv' needs {k('patch_size')} to be a power of two >= 2, got {self.patch_size}")
+            problems.append(f"{k('stem')} 'conv' needs {k('patch_size')} to be a power of two >= 2, "
+                            f"got {self.patch_size}")
         if self.pooling not in POOLINGS:
             problems.append(f"{k('pooling')} ({self.pooling!r}) must be one of {', '.join(POOLINGS)}")
         if self.distilled and self.pooling != "cls":

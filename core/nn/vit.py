@@ -80,7 +80,8 @@ class ConvStem(nn.Module):
         width = in_chans
         for i in range(steps):
             out = max(dim // 2 ** (steps - 1 - i), 8)
-            layers += [nn.Conv2d(width, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            layers += [nn.Conv2d(width, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out),
+                       nn.ReLU(inplace=True)]
             width = out
         self.convs = nn.Sequential(*layers)
         self.proj = nn.Conv2d(width, dim, kernel_size=1)

@@ -31,7 +31,7 @@ class ModelConfig(ViTConfig):
 
     def check(self, prefix: str = "model") -> list[str]:
         """The ViT's problems (none when a timm model is built instead) and the fine-tuning keys'."""
-        problems = check_pretrained(self.pretrained, self.timm, self.freeze, self.pretrained_from)
+        problems = check_pretrained(self.pretrained, self.timm, self.freeze, self.pretrained_from, self.stem)
         if self.timm is None:
             return super().check(prefix) + problems
         return problems + (self.lora.check(f"{prefix}.lora") if self.lora is not None else [])

@@ -62,7 +62,8 @@ def open_vit_run(m: Any, img_size: int) -> tuple[SourceRun, Any] | None:
     if timm_name:
         raise TkError(f"model.pretrained_from: {m.pretrained_from} is a run of timm {timm_name!r}; starting from a "
                       f"timm run is not supported yet: give a tk ViT (arch: vit) run, or a timm weights file")
-    adopted = adopt_shape(m, source.section("model"), VIT_SHAPE_KEYS)
+    # a run from before the `stem` key had the patch stem
+    adopted = adopt_shape(m, {"stem": "patch", **source.section("model")}, VIT_SHAPE_KEYS)
     if img_size % adopted.patch_size:
         raise TkError(f"data.img_size ({img_size}) must be a multiple of the model.pretrained_from run's "
                       f"model.patch_size ({adopted.patch_size})")
@@ -70,10 +71,13 @@ def open_vit_run(m: Any, img_size: int) -> tuple[SourceRun, Any] | None:
 
 
 def check_pretrained(pretrained: bool, timm_name: str | None, freeze: str,
-                     pretrained_from: str | None = None) -> list[str]:
+                     pretrained_from: str | None = None, stem: str = "patch") -> list[str]:
     """Problems of the fine-tuning keys of ``model:``."""
     problems = []
     kind = source_kind(pretrained_from)
+    if stem != "patch" and timm_name is None and kind in ("name", "file"):
+        problems.append(f"model.stem ({stem!r}): timm ViT weights ({pretrained_from}) have a patch stem; "
+                        f"remove model.stem (or set it to 'patch') to start from them")
     if pretrained and timm_name is None and pretrained_from is None:
         problems.append("model.pretrained: the tk ViT (arch: vit) needs the weights to load: set model.pretrained_from "
                         "(a timm ViT name such as vit_tiny_patch16_224, a weights file, or a tk ViT run)")

@@ -24,8 +24,9 @@ from tk.core.config import TrainConfig, check_core_rules
 from tk.core.engine.parallel import full_model_state, gathered, shard_blocks, wrap_fsdp
 from tk.core.engine.update import grad_norms, normalise_and_clip_
 from tk.core.errors import TkError
-from tk.core.nn.config import TransformerConfig
+from tk.core.nn.config import TransformerConfig, ViTConfig
 from tk.core.nn.transformer import DecoderOnlyLM
+from tk.core.nn.vit import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,16 +52,24 @@ def _shard_worker(rank: int, port: int, out: str, reshard: bool = True) -> None:
         local = {n: p.to_local().numel() for n, p in block.named_parameters()}
         full = {n: p.numel() for n, p in block.named_parameters()}
         tokens = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(rank))
-        model(tokens).float().square().sum().backward()
+        logits = model(tokens)
+        kept = [not any(hasattr(p, "to_local") for p in block.parameters())]  # still gathered after forward?
+        logits.float().square().sum().backward()
         grads = [p.grad for p in model.parameters()]
         norm = float(torch.stack(grads_norm := grad_norms(grads)).square().sum().sqrt())
         normalise_and_clip_(grads, 1.0, norm, max_norm=0.5)
         clipped = float(torch.stack(grad_norms(grads)).square().sum().sqrt())
         with gathered(model):  # any method sees full weights, here a plain state_dict copy
             gathered_ok = all(not hasattr(p, "to_local") for p in model.parameters())
+        logits = model(tokens)  # after gathered(): the wrap-time choice again
+        kept.append(not any(hasattr(p, "to_local") for p in block.parameters()))
+        logits.sum().backward()
+        for p in model.parameters():
+            p.grad = None
         state = full_model_state(model)
         same = all(torch.equal(state[k], v) for k, v in ref.state_dict().items()) if rank == 0 else None
         torch.save({"local": local, "full": full, "norms": len(grads_norm), "norm": norm, "clipped": clipped,
+                    "kept": kept,
                     "gathered": gathered_ok, "same_weights": same}, f"{out}/rank{rank}{'' if reshard else '_keep'}.pt")
     finally:
         dist.destroy_process_group()
@@ -83,11 +92,15 @@ def test_fsdp_shards_each_block_over_two_processes_and_clips_the_global_norm(tmp
     mp.spawn(_shard_worker, args=(_free_port(), str(tmp_path), False), nprocs=2, join=True)
     k0 = torch.load(tmp_path / "rank0_keep.pt")
     assert k0["norm"] == pytest.approx(r0["norm"], rel=1e-6) and k0["local"] == r0["local"]
+    assert r0["kept"] == [False, False] and k0["kept"] == [True, True]  # also after an evaluation's gathered()
 
 
 def test_fsdp_refuses_a_model_without_blocks_and_one_process():
     with pytest.raises(TkError, match="Sequential has no `layers` or `blocks`"):
         wrap_fsdp(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.device("cpu"), 2)
+    conv_vit = VisionTransformer(ViTConfig(dim=16, depth=1, num_heads=2, patch_size=4, stem="conv"), img_size=8)
+    with pytest.raises(TkError, match=r"bf16 on CUDA casts BatchNorm weights.*train.precision=fp32"):
+        wrap_fsdp(conv_vit, torch.device("cuda"), 2, "bf16")  # refused before any CUDA call
     with pytest.raises(TkError, match="--nproc-per-node"):
         wrap_fsdp(tiny_lm(), torch.device("cpu"), 1)
     assert len(shard_blocks(tiny_lm())) == 2
@@ -167,8 +180,8 @@ def test_fsdp_text_classifier_with_accumulation_equals_one_process_with_the_glob
 
 TRANSLATION = ["data.source=reverse", "data.num_train=200", "data.num_val=20", "data.max_len=24",
                "data.max_tokens=128", "tokenizer.vocab_size=320", "model.dim=32", "model.depth=2", "model.num_heads=2",
-               "model.max_len=64", "model.dropout=0.0", "model.bias=false", "train.max_steps=4", "train.eval_every=2", "train.log_every=1",
-               "train.progress=false", "train.device=cpu"]
+               "model.max_len=64", "model.dropout=0.0", "model.bias=false", "train.max_steps=4", "train.eval_every=2",
+               "train.log_every=1", "train.progress=false", "train.device=cpu"]
 
 
 @pytest.mark.slow

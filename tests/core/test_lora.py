@@ -233,12 +233,12 @@ def test_sigkilled_lora_run_resumes_exactly(tmp_path):
     every step's loss and the merged weights equal an uninterrupted run's."""
     recipe = _recipe(tmp_path)
     reference, run_dir = tmp_path / "reference", tmp_path / "killed"
-    result = CliRunner().invoke(cli, ["run", str(recipe), f"output_dir={reference}", "train.save_every=1"],
+    every_step = ["train.save_every=1", "train.keep_last=40", "train.max_steps=40"]  # 40: time to kill it mid-run
+    result = CliRunner().invoke(cli, ["run", str(recipe), f"output_dir={reference}", *every_step],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     proc = subprocess.Popen([str(Path(sys.executable).with_name("tk")), "run", str(recipe), f"output_dir={run_dir}",
-                             "train.save_every=1", "train.max_steps=12"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                             *every_step], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while not (run_dir / "checkpoints" / "step_00000004.pt").exists():
             assert proc.poll() is None, proc.communicate()
@@ -248,8 +248,8 @@ def test_sigkilled_lora_run_resumes_exactly(tmp_path):
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     killed_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
-    assert 4 <= killed_at < 12  # killed mid-run (the test cannot pick the exact step)
-    result = CliRunner().invoke(cli, ["run", str(recipe), f"output_dir={run_dir}", "--resume", "train.save_every=1"],
+    assert 4 <= killed_at < 40  # killed mid-run (the test cannot pick the exact step)
+    result = CliRunner().invoke(cli, ["run", str(recipe), f"output_dir={run_dir}", "--resume", *every_step],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert _train_losses(run_dir) == _train_losses(reference)  # every step once, bit for bit

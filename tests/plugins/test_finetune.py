@@ -11,6 +11,7 @@ from timm.layers import resample_abs_pos_embed, resample_patch_embed
 
 from tk.core.cli import cli
 from tk.core.engine.inference import evaluate_run, load_run
+from tk.core.config import ConfigError
 from tk.core.errors import TkError
 from tk.core.nn.vit import load_timm_vit
 from tk.core.recipe import load_config
@@ -126,6 +127,13 @@ def test_missing_and_incompatible_pretrained_from(tmp_path):
     task = build_task([*TK_VIT, f"model.pretrained_from={tmp_path / 'other.pth'}"])
     with pytest.raises(TkError, match=r"other.pth does not fit.*'(cls_token|patch_embed.proj.weight|pos_embed)'"):
         task.init_pretrained(task.build_model())
+
+
+def test_conv_stem_with_timm_weights_is_one_line(tmp_path):
+    weights = tmp_path / "vit.pth"
+    torch.save({}, weights)
+    with pytest.raises(ConfigError, match=r"model.stem \('conv'\): timm ViT weights .* have a patch stem"):
+        build_task([*TK_VIT, "model.stem=conv", f"model.pretrained_from={weights}"])
 
 
 def test_pretrained_without_network_suggests_pretrained_from(monkeypatch):
