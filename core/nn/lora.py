@@ -88,8 +88,10 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., in) -> (..., out)."""
-        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
-        return F.linear(x, self.weight, self.bias) + update * self.scale
+        # the scale on the (..., rank) activation and the in-place add save two full-size passes
+        # (F.linear keeps its input and weight for backward, not its output, so adding into it is safe)
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A) * self.scale, self.lora_B)
+        return F.linear(x, self.weight, self.bias).add_(update)
 
     @torch.no_grad()
     def delta_weight(self) -> Tensor:
