@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from tk.core.distributed import comm_device
-from tk.core.engine.checkpoint import preserved_rng
+from tk.core.engine.rng import preserved_rng
 from tk.core.errors import TkError
 
 __all__ = ["BatchStream", "FixedBatches", "agreed_length", "loader_length"]

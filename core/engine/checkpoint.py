@@ -3,21 +3,20 @@ model-state matching with readable errors (exporting weights: ``tk.core.engine.e
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 from tk.core.config import config_diff
+from tk.core.engine.rng import capture_rng_state, preserved_rng, restore_rng_state  # re-exported (public API)
+from tk.core.engine.shards import SHARDS_KEY, check_shards, read_full_model, shard_steps
 from tk.core.errors import TkError
 
 __all__ = [
@@ -81,13 +80,19 @@ class CheckpointReadError(TkError):
     """A checkpoint file is missing, damaged or not a tk checkpoint."""
 
 
-def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False,
+                    full_model: bool = True) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: no code
     in the file is run). With ``mmap`` the tensors are mapped from the file, not read (cheap
     to open; they are read when used).
 
+    A sharded checkpoint (an fsdp run's: ``tk.core.engine.shards``) names its shard folder
+    under ``"sharded"``, made absolute here; with ``full_model`` this process reads the full
+    model weights from it into ``"model"`` (the optimiser state stays in the shards).
+
     Raises:
-        CheckpointReadError: the file is missing, unreadable, or not a tk checkpoint.
+        CheckpointReadError: the file is missing, unreadable, not a tk checkpoint, or its
+            shard folder is missing or incomplete.
     """
     path = Path(path)
     if not path.is_file():
@@ -111,6 +116,15 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
             "use torch.load + load_model_state"
         )
     state.pop(_MARK)
+    if SHARDS_KEY in state:
+        folder = path.parent / state[SHARDS_KEY]
+        try:
+            check_shards(folder)
+        except TkError as e:
+            raise CheckpointReadError(f"{str(path)!r}: {e}") from None
+        state[SHARDS_KEY] = str(folder)
+        if full_model:
+            state["model"] = read_full_model(folder)
     return state
 
 
@@ -125,70 +139,14 @@ def intact_checkpoints(directory: str | Path) -> list[Path]:
     for path in candidates:
         if path.is_file():
             try:
-                load_checkpoint(path)
+                load_checkpoint(path, full_model=False)  # a shard folder: complete (its metadata written last)
             except TkError:
                 continue
             intact.append(path)
     return intact
 
 
-# -- RNG ------------------------------------------------------------------------------
-def capture_rng_state() -> dict[str, Any]:
-    """States of python ``random``, numpy's global RNG, torch CPU and every CUDA device,
-    as tensors and plain Python (safe for ``weights_only`` loading)."""
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {
-        "python": {"version": version, "internal": list(internal), "gauss": gauss},
-        "torch": torch.get_rng_state(),
-    }
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
-                          "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
-    except ImportError:  # pragma: no cover - numpy is a dependency, but keep RNG capture usable
-        pass
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`capture_rng_state` returned (parts absent there are skipped)."""
-    if "python" in state:
-        py = state["python"]
-        random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
-    if "torch" in state:
-        torch.set_rng_state(state["torch"].cpu())
-    if "numpy" in state:
-        import numpy as np
-
-        n = state["numpy"]
-        keys = np.asarray(n["keys"].cpu().numpy(), dtype=np.uint32)
-        np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        saved = list(state["cuda"])
-        if len(saved) != torch.cuda.device_count():
-            warnings.warn(
-                f"checkpoint has CUDA RNG states for {len(saved)} devices, {torch.cuda.device_count()} visible; "
-                "restoring the first ones (runs are not bit-reproducible)", stacklevel=2,
-            )
-        for i, s in enumerate(saved[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s.cpu(), i)
-
-
 # -- rotation --------------------------------------------------------------------------
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Run the block, then put every RNG (python, numpy, torch, CUDA) back as it was."""
-    state = capture_rng_state()
-    try:
-        yield
-    finally:
-        restore_rng_state(state)
-
-
 def _copy_atomic(src: Path, dst: Path) -> None:
     """Make ``dst`` an independent copy of ``src``, atomically (a copy, not a hard link:
     damage to one file must not break the other)."""
@@ -200,7 +158,8 @@ class CheckpointManager:
     """Keeps ``step_XXXXXXXX.pt`` for the last ``keep_last`` saves, plus ``last.pt`` (the
     newest) and ``best.pt`` (best ``metric`` so far). ``last.pt`` and ``best.pt`` are
     separate copies, each written atomically, so that a damaged file breaks only itself.
-    ``checkpoints.json`` remembers the best metric across resumes.
+    ``checkpoints.json`` remembers the best metric across resumes. The shard folders of
+    sharded checkpoints (``shards/step_XXXXXXXX``) are kept while a kept file names them.
 
     Args:
         directory: folder of the checkpoints (created if needed).
@@ -258,6 +217,10 @@ class CheckpointManager:
     def _prune(self) -> None:
         for _, p in self._steps()[: -self.keep_last]:
             p.unlink(missing_ok=True)
+        named = {s for s, _ in self._steps()} | {self.info[k]["step"] for k in ("last", "best") if k in self.info}
+        for step, folder in shard_steps(self.directory).items():
+            if step not in named:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def set_aside_after(self, step: int) -> Path | None:
         """Resuming from an older checkpoint (``--resume-from``): move the step files after
@@ -268,12 +231,20 @@ class CheckpointManager:
         later = [p for s, p in self._steps() if s > step]
         best = self.info.get("best")
         stale_best = best is not None and best.get("step", -1) > step
+        named = {s for s, _ in self._steps() if s > step} | ({best["step"]} if stale_best else set())
+        for s, shards in shard_steps(self.directory).items():
+            if s > step and s not in named:  # left by a save that was killed before its file: no use
+                shutil.rmtree(shards, ignore_errors=True)
         if not later and not stale_best:
             return None
         folder = self.directory / f"abandoned_after_{step:08d}"
         folder.mkdir(exist_ok=True)
         for path in later:
             path.rename(folder / path.name)
+        for s, shards in shard_steps(self.directory).items():  # the files name them relative to themselves
+            if s > step:
+                (folder / shards.parent.name).mkdir(exist_ok=True)
+                shards.rename(folder / shards.parent.name / shards.name)
         if stale_best:
             if (self.directory / "best.pt").is_file():
                 (self.directory / "best.pt").rename(folder / "best.pt")
@@ -285,8 +256,8 @@ class CheckpointManager:
     def prepare_resume(self, step: int) -> Path | None:
         """Before a run resumes at ``step``: delete the temp files of a save that a killed
         process left behind, then :meth:`set_aside_after` (returns its folder or None)."""
-        for stale in self.directory.glob(".*.tmp"):
-            stale.unlink(missing_ok=True)
+        for stale in [*self.directory.glob(".*.tmp"), *self.directory.glob("*/.*.tmp")]:
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
         return self.set_aside_after(step)
 
     def latest(self) -> Path | None:
@@ -356,16 +327,6 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, Any], strict: bo
     model.load_state_dict({k: v for k, v in state_dict.items() if k not in bad}, strict=strict)
 
 
-def gather_rng_states(world_size: int) -> list[dict[str, Any]]:
-    """Every process's RNG states, rank order (a collective when ``world_size > 1``)."""
-    state = capture_rng_state()
-    if world_size == 1:
-        return [state]
-    gathered: list[Any] = [None] * world_size
-    torch.distributed.all_gather_object(gathered, state)
-    return gathered
-
-
 def read_resume_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     """The checkpoint ``--resume`` names.
 
@@ -374,7 +335,7 @@ def read_resume_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[
     """
     if not Path(path).is_file():
         raise TkError(f"--resume: no checkpoint found at {path}; start a new run with --overwrite")
-    return load_checkpoint(path, map_location=map_location)
+    return load_checkpoint(path, map_location=map_location, full_model=False)  # shards are read sharded
 
 
 def load_resumed_model(model: nn.Module, state: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:

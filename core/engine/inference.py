@@ -111,7 +111,8 @@ def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool | 
         if not source.is_file():
             raise TkError(f"--weights: no file {source}; pass a .safetensors file (e.g. the run's model.safetensors)")
         last = run_dir / "checkpoints" / "last.pt"
-        return _SavedRun(cfg, task_cls, source, load_checkpoint(last) if last.is_file() else {}, load_file(source))
+        return _SavedRun(cfg, task_cls, source, load_checkpoint(last, full_model=False) if last.is_file() else {},
+                         load_file(source))
     source = resolve_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(source)
     if ema is None:  # the weights the run selected
@@ -276,7 +277,7 @@ def average_run(run_dir: str | Path, last_k: int, output: str | Path) -> dict[st
                       f"train.keep_last>={last_k} and train.save_every=N")
     chosen = steps[-last_k:]
     averaged = average_checkpoints([p for _, p in chosen])
-    newest = load_checkpoint(chosen[-1][1])
+    newest = load_checkpoint(chosen[-1][1], full_model=False)  # its task state and config
     task, _, _ = _assemble_saved(run_dir, _SavedRun(*_config(run_dir, []), chosen[-1][1], newest, averaged), "average")
     step_range = [s for s, _ in chosen]
     if output.suffix == ".pt":

@@ -18,7 +18,6 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
@@ -28,7 +27,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from tk.core.engine.build import wrap_ddp
 from tk.core.errors import TkError
 
-__all__ = ["wrap_model", "shard_blocks", "is_fsdp", "gradient_sync", "gathered", "full_model_state", "full_training_state",
+__all__ = ["wrap_model", "shard_blocks", "is_fsdp", "gradient_sync", "gathered", "full_model_state",
            "load_full_training_state"]
 
 _BLOCK_LISTS = ("layers", "blocks")  # core TransformerStack.layers; timm ViT.blocks
@@ -154,15 +153,10 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_FULL) if is_fsdp(model) else model.state_dict()
 
 
-def full_training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """The model's and optimiser's full state dicts (gathered to rank 0, optimiser state keyed
-    by parameter name), so a checkpoint resumes with any number of processes. Collective."""
-    return get_state_dict(model, optimizer, options=_FULL)
-
-
 def load_full_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
                              optim_state: dict) -> None:
-    """Shard what :func:`full_training_state` saved into ``model`` and ``optimizer`` (every
-    process passes the full dicts it read)."""
+    """Shard full model and optimiser state dicts (optimiser state keyed by parameter name, as
+    checkpoints of FSDP runs before sharded checkpoints held them) into ``model`` and
+    ``optimizer``; every process passes the full dicts it read."""
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
                    options=StateDictOptions(full_state_dict=True, strict=True))

@@ -24,7 +24,7 @@ from tk.core.distributed import agreed_log_keys, main_process_first
 from tk.core.engine.assemble import assemble
 from tk.core.engine.best import BestTracker
 from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, run_loaders, split_loader
-from tk.core.engine.checkpoint import CheckpointManager, preserved_rng, read_resume_checkpoint
+from tk.core.engine.checkpoint import CheckpointManager, read_resume_checkpoint
 from tk.core.engine.curves import CurvesWriter
 from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
 from tk.core.engine.ema import ModelEMA
@@ -34,7 +34,9 @@ from tk.core.engine.loggers import open_loggers
 from tk.core.engine.parallel import autocast_needed, full_model_state, gathered, gradient_sync, is_fsdp, wrap_model
 from tk.core.engine.precision import Precision
 from tk.core.engine.progress import RunProgress, eval_due
+from tk.core.engine.rng import preserved_rng
 from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, train_record
+from tk.core.engine.shards import SHARDS_KEY, save_shards
 from tk.core.engine.signals import StopRequest, TrainingInterrupted, stop_signals
 from tk.core.engine.summary import ActivationMeter, format_bytes
 from tk.core.engine.trainer_state import load_trainer_state, trainer_state
@@ -286,6 +288,10 @@ class Trainer:
         """Save the state as the checkpoint of the current step (rank 0 writes; every
         process must call it). ``metric`` competes for ``best.pt``."""
         state = self.state_dict()
+        shards = state.pop("shards", None)
+        if shards is not None and self.run_dir is not None:  # fsdp: every process writes its shards
+            state[SHARDS_KEY] = save_shards(self.run_dir / "checkpoints", self.step, shards, self.is_main,
+                                            reuse=self._saved_step == self.step)
         self.log.flush()  # the loggers' buffers: what the checkpoint covers survives a kill
         path = None if self.checkpoints is None else \
             self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best.mode)

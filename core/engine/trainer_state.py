@@ -8,11 +8,14 @@ numbers as an uninterrupted one.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tk.core.config import config_diff
-from tk.core.engine.checkpoint import gather_rng_states, load_resumed_model, restore_rng_state
-from tk.core.engine.parallel import full_training_state, is_fsdp, load_full_training_state
+from tk.core.engine.checkpoint import load_resumed_model
+from tk.core.engine.parallel import is_fsdp, load_full_training_state
+from tk.core.engine.rng import gather_rng_states, restore_rng_state
+from tk.core.engine.shards import SHARDS_KEY, load_shards, sharded_training_state
 from tk.core.errors import TkError
 
 if TYPE_CHECKING:
@@ -22,14 +25,17 @@ __all__ = ["trainer_state", "load_trainer_state"]
 
 
 def trainer_state(trainer: Trainer) -> dict[str, Any]:
-    """Everything a resume needs. Collective when distributed: call on every process."""
+    """Everything a resume needs. Collective when distributed: call on every process.
+
+    A sharded (fsdp) model's weights and optimiser state are this process's shards under
+    ``"shards"`` (:func:`~tk.core.engine.shards.save_shards` writes them), not ``"model"``
+    and ``"optimizer"``."""
     t = trainer
     rng = gather_rng_states(t.world_size)
-    # fsdp: full state dicts gathered to rank 0, so any number of processes can resume them
-    model, optimizer = full_training_state(t.model, t.optimizer) if is_fsdp(t.model) else \
-        (t.model.state_dict(), t.optimizer.state_dict())
+    weights = {"shards": sharded_training_state(t.model, t.optimizer)} if is_fsdp(t.model) else \
+        {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict()}
     return {
-        "model": model, "optimizer": optimizer, "strategy": t.tcfg.strategy,
+        **weights, "strategy": t.tcfg.strategy,
         "scheduler": t.scheduler.state_dict(), "precision": t.precision.state_dict(),
         "ema": t.ema.state_dict() if t.ema is not None else None,
         "step": t.step, "data": t.batches.state_dict(), "progress": t.progress,
@@ -54,7 +60,13 @@ def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
     if is_fsdp(t.model):
         diff = config_diff(state.get("config", {}), t.cfg.to_dict())
         try:
-            load_full_training_state(t.model, t.optimizer, state["model"], state["optimizer"])
+            if SHARDS_KEY in state:  # DCP shards, re-sharded to this run's processes
+                load_shards(Path(state[SHARDS_KEY]), t.model, t.optimizer)
+            else:  # full state dicts (FSDP checkpoints before sharded ones)
+                load_full_training_state(t.model, t.optimizer, state["model"], state["optimizer"])
+        except TkError as e:
+            raise TkError(f"--resume: {e}. Settings that differ from the checkpoint's run: "
+                          f"{'; '.join(diff) or 'none'}") from None
         except (RuntimeError, KeyError, ValueError) as e:  # another model: a one-line error, as for ddp
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise TkError(f"--resume: the checkpoint does not fit this model ({first}). Settings that differ "

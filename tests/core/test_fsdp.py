@@ -21,7 +21,9 @@ from safetensors.torch import load_file
 
 from tk.core.cli import cli
 from tk.core.config import TrainConfig, check_core_rules
+from tk.core.engine.checkpoint import load_checkpoint
 from tk.core.engine.parallel import full_model_state, gathered, shard_blocks, wrap_fsdp
+from tk.core.engine.shards import SHARDS_KEY, read_full_model
 from tk.core.engine.update import grad_norms, normalise_and_clip_
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig, ViTConfig
@@ -164,6 +166,24 @@ def test_fsdp_lm_equals_ddp_resumes_exactly_and_exports_for_one_process(tmp_path
     last = [r for r in records(fsdp) if r["split"] == "val"][-1]
     metrics = json.loads(result.output.strip().splitlines()[-1])["metrics"]
     assert metrics == pytest.approx({k: v for k, v in last.items() if k.startswith("val/")}, abs=1e-5)
+    # checkpoints are sharded (DCP folders, no weights in the .pt files); one process reads one in full
+    checkpoints = fsdp / "checkpoints"
+    assert sorted(p.name for p in (checkpoints / "shards").iterdir()) == ["step_00000003", "step_00000006"]
+    step3 = load_checkpoint(checkpoints / "step_00000003.pt", full_model=False)
+    assert "model" not in step3 and "optimizer" not in step3 and step3[SHARDS_KEY].endswith("step_00000003")
+    result = CliRunner().invoke(cli, ["eval", str(fsdp), "--checkpoint", str(checkpoints / "step_00000003.pt"),
+                                      "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    at3 = [r for r in records(fsdp) if r["split"] == "val" and r["step"] == 3][0]
+    metrics = json.loads(result.output.strip().splitlines()[-1])["metrics"]
+    assert metrics == pytest.approx({k: v for k, v in at3.items() if k.startswith("val/")}, abs=1e-5)
+    result = CliRunner().invoke(cli, ["average", str(fsdp), "--last", "2", "-o", str(tmp_path / "avg.safetensors")],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    averaged = load_file(tmp_path / "avg.safetensors")
+    first, second = (read_full_model(checkpoints / "shards" / f"step_{s:08d}") for s in (3, 6))
+    key = "tok_embed.weight"
+    torch.testing.assert_close(averaged[key], (first[key] + second[key]) / 2)
 
 
 @pytest.mark.slow
@@ -204,8 +224,8 @@ def test_fsdp_translation_equals_ddp_on_two_processes(tmp_path):
 
 @pytest.mark.slow
 def test_fsdp_checkpoint_resumes_with_another_process_count(tmp_path):
-    """Checkpoints hold full (gathered) weights and optimiser state, so a 2-process FSDP run
-    resumes on 3 processes (re-sharded on load); a one-line note says the sample order changes.
+    """A 2-process FSDP run's sharded checkpoint resumes on 3 processes (DCP re-shards the model
+    and optimiser state on load); a one-line note says the sample order changes.
     Switching the strategy on resume is refused in one line."""
     fsdp, three = tmp_path / "fsdp", tmp_path / "three"
     tk_run("lm_synthetic.yaml", fsdp, LM, "train.strategy=fsdp", "--nproc-per-node", "2")

@@ -1,0 +1,150 @@
+"""Sharded checkpoints (``tk.core.engine.shards``): DCP folders written by every process of
+an fsdp run, read back sharded by any number of processes or in full by one; their rotation,
+set-aside and damage handling in the checkpoint manager (fake folders: no processes)."""
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tk.core.engine import checkpoint as C
+from tk.core.engine.parallel import full_model_state, wrap_fsdp
+from tk.core.engine.shards import SHARDS_KEY, load_shards, read_full_model, save_shards, sharded_training_state
+from tk.core.errors import TkError
+from tk.core.nn.config import TransformerConfig
+from tk.core.nn.transformer import DecoderOnlyLM
+
+
+def _fake_shards(directory, step):
+    folder = directory / "shards" / f"step_{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"x")
+    (folder / "__0_0.distcp").write_bytes(b"x")
+    return folder
+
+
+def _save_sharded(manager, step, metric=None):
+    _fake_shards(manager.directory, step)
+    return manager.save({"step": step, SHARDS_KEY: f"shards/step_{step:08d}"}, step=step, metric=metric)
+
+
+def _shard_names(directory):
+    return sorted(p.name for p in (directory / "shards").iterdir())
+
+
+def test_rotation_keeps_the_shards_of_kept_files_and_best(tmp_path):
+    manager = C.CheckpointManager(tmp_path, keep_last=2)
+    for step, metric in ((1, 0.9), (2, 0.1), (3, 0.2), (4, 0.3)):
+        _save_sharded(manager, step, metric)
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_00000003.pt", "step_00000004.pt"]
+    assert _shard_names(tmp_path) == ["step_00000001", "step_00000003", "step_00000004"]  # 1: best.pt's
+    best = C.load_checkpoint(tmp_path / "best.pt", full_model=False)
+    assert best["step"] == 1 and best[SHARDS_KEY] == str(tmp_path / "shards" / "step_00000001")
+    assert [p.name for p in C.intact_checkpoints(tmp_path)][:2] == ["last.pt", "best.pt"]
+
+
+def test_a_lost_shard_folder_is_one_line_and_the_file_is_not_intact(tmp_path):
+    manager = C.CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2):
+        _save_sharded(manager, step)
+    (tmp_path / "shards" / "step_00000002" / ".metadata").unlink()  # a save killed before DCP finished
+    with pytest.raises(C.CheckpointReadError) as err:
+        C.load_checkpoint(tmp_path / "step_00000002.pt")
+    message = str(err.value)
+    assert "\n" not in message and "step_00000002" in message and "another checkpoint" in message
+    assert [p.name for p in C.intact_checkpoints(tmp_path)] == ["step_00000001.pt"]
+
+
+def test_resuming_from_an_older_step_moves_the_later_shards_aside_with_their_files(tmp_path):
+    manager = C.CheckpointManager(tmp_path, keep_last=5)
+    for step, metric in ((1, 0.1), (2, 0.9), (3, 0.5)):
+        _save_sharded(manager, step, metric)
+    _fake_shards(tmp_path, 4)  # a save killed after its shards, before its file
+    (tmp_path / "shards" / ".step_00000005.tmp").mkdir()  # ... and one killed while writing them
+    folder = manager.prepare_resume(1)
+    assert _shard_names(tmp_path) == ["step_00000001"]
+    assert sorted(p.name for p in folder.iterdir()) == ["best.pt", "shards", "step_00000002.pt", "step_00000003.pt"]
+    assert _shard_names(folder) == ["step_00000002", "step_00000003"]
+    moved = C.load_checkpoint(folder / "step_00000003.pt", full_model=False)  # still finds its shards
+    assert moved[SHARDS_KEY] == str(folder / "shards" / "step_00000003")
+
+
+def _tiny_lm(seed: int, depth: int = 2) -> DecoderOnlyLM:
+    torch.manual_seed(seed)
+    return DecoderOnlyLM(TransformerConfig(dim=16, depth=depth, num_heads=2, dropout=0.0, max_len=16), 11)
+
+
+def _trained(seed: int, depth: int = 2):
+    model = wrap_fsdp(_tiny_lm(seed, depth), torch.device("cpu"), 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, optimizer
+
+
+def _step(model, optimizer, rank):
+    tokens = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(rank))
+    model(tokens).float().square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _locals(model):
+    return {n: p.detach().to_local().clone() for n, p in model.named_parameters()}
+
+
+def _dcp_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        model, optimizer = _trained(0)
+        _step(model, optimizer, rank)
+        relative = save_shards(Path(out), 1,
+                               sharded_training_state(model, optimizer), is_main=rank == 0)
+        full = full_model_state(model)
+        # a fresh model and optimiser of another seed, loaded from the folder, step on identically
+        other, other_optimizer = _trained(1)
+        _step(other, other_optimizer, rank)  # so that its optimiser holds state to overwrite
+        load_shards(Path(out) / relative, other, other_optimizer)
+        loaded_same = all(torch.equal(a, b) for a, b in zip(_locals(model).values(), _locals(other).values()))
+        _step(model, optimizer, rank + 10)
+        _step(other, other_optimizer, rank + 10)
+        stepped_same = all(torch.equal(a, b) for a, b in zip(_locals(model).values(), _locals(other).values()))
+        deeper, deeper_optimizer = _trained(0, depth=3)
+        try:
+            load_shards(Path(out) / relative, deeper, deeper_optimizer)
+            refused = None
+        except TkError as e:
+            refused = str(e)
+        if rank == 0:
+            torch.save({"relative": relative, "full": full, "loaded_same": loaded_same, "stepped_same": stepped_same,
+                        "refused": refused}, f"{out}/result.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_shards_round_trip_over_two_processes_and_read_in_full_by_one(tmp_path):
+    """Model and AdamW state saved sharded by 2 processes load into another model exactly (the
+    next update too); one process reads the full weights with no process group; a deeper model
+    is refused in one line that names a missing entry."""
+    mp.spawn(_dcp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    result = torch.load(tmp_path / "result.pt", weights_only=False)
+    assert result["relative"] == "shards/step_00000001"
+    assert sorted(p.name for p in (tmp_path / "shards" / "step_00000001").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert result["loaded_same"] and result["stepped_same"]
+    full = read_full_model(tmp_path / "shards" / "step_00000001")
+    assert sorted(full) == sorted(result["full"])
+    for key, value in result["full"].items():
+        assert torch.equal(full[key], value), key
+    assert result["refused"] is not None and "\n" not in result["refused"]
+    assert "do not fit this model" in result["refused"] and "layers.2" in result["refused"]
