@@ -153,10 +153,17 @@ def test_fsdp_lm_equals_ddp_resumes_exactly_and_exports_for_one_process(tmp_path
     tk_run("lm_synthetic.yaml", fsdp, LM, "train.strategy=fsdp", "--nproc-per-node", "2")
     tk_run("lm_synthetic.yaml", ddp, LM, "--nproc-per-node", "2")
     assert_same_run(fsdp, ddp, atol=1e-5)
-    # interrupted after the step-3 checkpoint: resuming from it gives the uninterrupted run
-    shutil.copytree(fsdp, resumed)
-    tk_run("lm_synthetic.yaml", resumed, LM, "train.strategy=fsdp", "--nproc-per-node", "2",
-           "--resume-from", str(resumed / "checkpoints" / "step_00000003.pt"))
+    # rank 0 killed right after the step-3 (sharded) checkpoint; torchrun restarts the command,
+    # which resumes from it: the same run as the uninterrupted one
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts", "1", "--nproc-per-node", "2",
+         "-m", "tk", "run", str(ROOT / "recipes" / "lm_synthetic.yaml"), f"output_dir={resumed}", *LM,
+         "train.strategy=fsdp", "--resume", "auto"],
+        env={**os.environ, "TK_FAULT_AT_STEP": "3", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},  # see
+        capture_output=True, text=True, timeout=600)  # test_distributed_train.py for the store
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and out.count("TK_FAULT_AT_STEP=3: exiting abruptly") == 1, out[-3000:]
+    assert "resumed from" in out and "at step 3" in out, out[-3000:]
     assert [r.get("loss") for r in records(resumed)] == [r.get("loss") for r in records(fsdp)]
     assert_same_run(resumed, fsdp, atol=0)
     # the consolidated weights evaluate in one process to the run's last val metrics
