@@ -3,7 +3,7 @@ unfused AdamW (``optim.fused``).
 
 1. Two gloo processes on CPU train the same small decoder-only LM at the same global batch
    (each process gets half): DDP (``DistributedDataParallel``) vs FSDP2 (tk's
-   ``wrap_fsdp``: ``fully_shard`` per block and at the root). One step is the engine's:
+   ``wrap_fsdp``: ``fully_shard`` per block and at the root, neighbouring blocks prefetched). One step is the engine's:
    forward, summed cross-entropy, backward, the global gradient norm (one all-reduced
    number under FSDP), clip at 1.0, AdamW step, zero. Strategies run in interleaved rounds
    (DDP, FSDP, FSDP with ``train.fsdp_reshard=false``: blocks stay gathered from forward to

@@ -93,10 +93,26 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **options)
     fully_shard(model, reshard_after_forward=False, **options)
+    _prefetch_neighbours(blocks, async_unshard=device.type == "cpu")
     for module in model.modules():  # what gathered() restores
         if isinstance(module, FSDPModule):
             module._tk_reshard = module is not model and reshard and module is not blocks[-1]
     return model
+
+
+def _prefetch_neighbours(blocks: list[nn.Module], async_unshard: bool) -> None:
+    """Gather the next block's weights while this one computes: in forward the block after,
+    in backward the block before (FSDP2's explicit prefetching). ``async_unshard`` (CPU/gloo,
+    which has no CUDA streams to overlap on): issue every all-gather asynchronously, so that
+    gloo's thread moves the next block while this process computes; measured 1.44x -> 1.18x
+    DDP's step time in ``benchmarks/fsdp.py`` on 2 CPU processes."""
+    for i, block in enumerate(blocks):
+        if i + 1 < len(blocks):
+            block.set_modules_to_forward_prefetch([blocks[i + 1]])
+        if i > 0:
+            block.set_modules_to_backward_prefetch([blocks[i - 1]])
+        if async_unshard and hasattr(block, "_set_unshard_async_op"):  # private in torch 2.x, no public twin
+            block._set_unshard_async_op(True)
 
 
 def wrap_model(model: nn.Module, strategy: str, device: torch.device, world_size: int,
