@@ -4,10 +4,8 @@ model-state matching with readable errors (exporting weights: ``tk.core.engine.e
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -15,6 +13,7 @@ import torch
 from torch import nn
 
 from tk.core.config import config_diff
+from tk.core.engine.atomic import atomic_write
 from tk.core.engine.rng import capture_rng_state, preserved_rng, restore_rng_state  # re-exported (public API)
 from tk.core.engine.shards import SHARDS_KEY, check_shards, read_full_model, shard_steps
 from tk.core.errors import TkError
@@ -27,40 +26,6 @@ __all__ = [
 _MARK = "_tk_checkpoint"  # format version stored in every checkpoint tk writes
 _VERSION = 1
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
-
-
-# -- atomic files -----------------------------------------------------------------
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable: fsync the directory entry (not possible on Windows)."""
-    if os.name == "nt":
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(file)`` on a temp file next to ``path``, fsync it, then rename it
-    over ``path``: readers see the old file or the complete new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        if e.filename is None and e.errno is not None:  # a write to the open file: name it (e.g. disk full)
-            raise OSError(e.errno, e.strerror, str(path)) from e
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import save as st_save
 from torch import nn
 
-from tk.core.engine.checkpoint import atomic_write, load_checkpoint
+from tk.core.engine.atomic import atomic_write
+from tk.core.engine.checkpoint import load_checkpoint
 from tk.core.errors import TkError
 from tk.core.nn.lora import merged_state_dict
 

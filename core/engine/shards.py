@@ -14,7 +14,6 @@ DCP: https://pytorch.org/docs/stable/distributed.checkpoint.html
 
 from __future__ import annotations
 
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -29,6 +28,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from tk.core.engine.atomic import fsync_dir
 from tk.core.errors import TkError
 
 __all__ = ["SHARDS_KEY", "SHARDS_DIR", "shard_folder", "sharded_training_state", "save_shards", "load_shards",
@@ -63,16 +63,6 @@ def sharded_training_state(model: nn.Module, optimizer) -> dict[str, Any]:
     return {"model": model_state, "optimizer": optim_state}
 
 
-def _fsync_dir(folder: Path) -> None:
-    if os.name == "nt":
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_shards(directory: Path, step: int, state: dict[str, Any], is_main: bool, reuse: bool = False) -> str:
     """Write ``state`` (:func:`sharded_training_state`) as the shard folder of ``step``, every
     process its own file: into a temp folder, renamed into place once complete, so a killed
@@ -100,7 +90,7 @@ def save_shards(directory: Path, step: int, state: dict[str, Any], is_main: bool
             final.rename(old)
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     dist.barrier()
     return relative
 

@@ -1,0 +1,43 @@
+"""Files that are either the old version or the complete new one, never half: temp file,
+fsync, rename, fsync of the folder (what checkpoints and exported weights are written with)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["atomic_write", "fsync_dir"]
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename durable: fsync the directory entry (not possible on Windows)."""
+    if os.name == "nt":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(file)`` on a temp file next to ``path``, fsync it, then rename it
+    over ``path``: readers see the old file or the complete new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None and e.errno is not None:  # a write to the open file: name it (e.g. disk full)
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
