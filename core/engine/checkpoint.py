@@ -15,7 +15,7 @@ from torch import nn
 from tk.core.config import config_diff
 from tk.core.engine.atomic import atomic_write
 from tk.core.engine.rng import capture_rng_state, preserved_rng, restore_rng_state  # re-exported (public API)
-from tk.core.engine.shards import SHARDS_KEY, check_shards, read_full_model, shard_steps
+from tk.core.engine.shards import SHARDS_DIR, SHARDS_KEY, check_shards, read_full_model, shard_steps
 from tk.core.errors import TkError
 
 __all__ = [
@@ -182,34 +182,65 @@ class CheckpointManager:
     def _prune(self) -> None:
         for _, p in self._steps()[: -self.keep_last]:
             p.unlink(missing_ok=True)
-        named = {s for s, _ in self._steps()} | {self.info[k]["step"] for k in ("last", "best") if k in self.info}
-        for step, folder in shard_steps(self.directory).items():
-            if step not in named:
-                shutil.rmtree(folder, ignore_errors=True)
+        folders = shard_steps(self.directory)
+        if folders:
+            named = self._named_shards()
+            for folder in folders.values():
+                if folder.name not in named:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+    def _named_shards(self) -> set[str]:
+        """The names of the shard folders the checkpoints here may name: the step files' own,
+        and what ``last.pt`` and ``best.pt`` hold and the index says (a killed save may leave
+        the index behind the files)."""
+        steps = {s for s, _ in self._steps()} | {self.info[k]["step"] for k in ("last", "best") if k in self.info}
+        named = {f"step_{s:08d}" for s in steps}
+        for name in ("last.pt", "best.pt"):
+            try:  # mmap: only the small entries are read
+                ref = torch.load(self.directory / name, map_location="cpu", weights_only=True, mmap=True).get(SHARDS_KEY)
+            except Exception:  # noqa: BLE001 - missing or damaged: it names nothing usable
+                continue
+            if isinstance(ref, str):
+                named.add(Path(ref).name)
+        return named
+
+    def _aside_folder(self, step: int, names: list[str]) -> Path:
+        """``abandoned_after_<step>``, or ``..._2``, ``_3``... when an earlier set-aside at the
+        same step already holds one of ``names`` (a second abandoned branch: nothing is overwritten)."""
+        base = self.directory / f"abandoned_after_{step:08d}"
+        folder, n = base, 1
+        while any((folder / name).exists() for name in names):
+            n += 1
+            folder = base.with_name(f"{base.name}_{n}")
+        return folder
 
     def set_aside_after(self, step: int) -> Path | None:
         """Resuming from an older checkpoint (``--resume-from``): move the step files after
-        ``step``, and ``best.pt`` if it is from after ``step``, into ``abandoned_after_<step>/``,
-        so that rotation, ``tk average`` and ``best.pt`` never mix the abandoned branch
-        with the resumed one (nothing is deleted). Returns that folder, or None.
+        ``step`` with their shard folders, and ``best.pt`` if it is from after ``step``, into
+        ``abandoned_after_<step>/``, so that rotation, ``tk average`` and ``best.pt`` never mix
+        the abandoned branch with the resumed one. Shard folders go before their files: a
+        set-aside killed midway is finished by the next one, into the same folder. Only shard
+        folders no checkpoint file names (a save killed before its file) are deleted. Returns
+        the folder, or None.
         """
         later = [p for s, p in self._steps() if s > step]
         best = self.info.get("best")
         stale_best = best is not None and best.get("step", -1) > step
-        named = {s for s, _ in self._steps() if s > step} | ({best["step"]} if stale_best else set())
-        for s, shards in shard_steps(self.directory).items():
-            if s > step and s not in named:  # left by a save that was killed before its file: no use
-                shutil.rmtree(shards, ignore_errors=True)
-        if not later and not stale_best:
+        shards = {s: f for s, f in shard_steps(self.directory).items() if s > step}
+        if shards:
+            named = self._named_shards()
+            for s in [s for s, f in shards.items() if f.name not in named]:
+                shutil.rmtree(shards.pop(s), ignore_errors=True)
+        if not later and not stale_best and not shards:
             return None
-        folder = self.directory / f"abandoned_after_{step:08d}"
+        moving = [p.name for p in later] + [f"{SHARDS_DIR}/{f.name}" for f in shards.values()]
+        folder = self._aside_folder(step, moving + (["best.pt"] if stale_best else []))
         folder.mkdir(exist_ok=True)
+        for s in sorted(shards):
+            (folder / SHARDS_DIR).mkdir(exist_ok=True)
+            shards[s].rename(folder / SHARDS_DIR / shards[s].name)  # the files name them relative to themselves
         for path in later:
             path.rename(folder / path.name)
-        for s, shards in shard_steps(self.directory).items():  # the files name them relative to themselves
-            if s > step:
-                (folder / shards.parent.name).mkdir(exist_ok=True)
-                shards.rename(folder / shards.parent.name / shards.name)
         if stale_best:
             if (self.directory / "best.pt").is_file():
                 (self.directory / "best.pt").rename(folder / "best.pt")

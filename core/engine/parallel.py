@@ -40,16 +40,23 @@ def is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard_blocks(model: nn.Module) -> list[nn.Module]:
-    """The Transformer blocks FSDP shards one by one: the items of every ``layers``/``blocks``
-    module list (core stacks, timm ViTs), outermost first."""
-    found: list[nn.Module] = []
+def block_lists(model: nn.Module) -> list[list[nn.Module]]:
+    """The model's ``layers``/``blocks`` module lists (core stacks, timm ViTs), outermost
+    first, each list's blocks in the order they run."""
+    lists: list[list[nn.Module]] = []
     for _, module in model.named_modules():
         for attr in _BLOCK_LISTS:
             blocks = getattr(module, attr, None)
-            if isinstance(blocks, (nn.ModuleList, nn.Sequential)) and not any(b in found for b in blocks):
-                found.extend(blocks)
-    return found
+            if isinstance(blocks, (nn.ModuleList, nn.Sequential)) and not any(b in found for found in lists
+                                                                                for b in blocks):
+                lists.append(list(blocks))
+    return lists
+
+
+def shard_blocks(model: nn.Module) -> list[nn.Module]:
+    """The Transformer blocks FSDP shards one by one: the items of every ``layers``/``blocks``
+    module list (core stacks, timm ViTs), outermost first."""
+    return [block for blocks in block_lists(model) for block in blocks]
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:
@@ -93,7 +100,8 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **options)
     fully_shard(model, reshard_after_forward=False, **options)
-    _prefetch_neighbours(blocks, async_unshard=device.type == "cpu")
+    for siblings in block_lists(model):
+        _prefetch_neighbours(siblings, async_unshard=device.type == "cpu")
     for module in model.modules():  # what gathered() restores
         if isinstance(module, FSDPModule):
             module._tk_reshard = module is not model and reshard and module is not blocks[-1]
@@ -102,7 +110,8 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
 
 def _prefetch_neighbours(blocks: list[nn.Module], async_unshard: bool) -> None:
     """Gather the next block's weights while this one computes: in forward the block after,
-    in backward the block before (FSDP2's explicit prefetching). ``async_unshard`` (CPU/gloo,
+    in backward the block before (FSDP2's explicit prefetching), within one module list (the
+    order in which they run; nested lists, e.g. timm Swin's stages, prefetch within each). ``async_unshard`` (CPU/gloo,
     which has no CUDA streams to overlap on): issue every all-gather asynchronously, so that
     gloo's thread moves the next block while this process computes; measured 1.44x -> 1.18x
     DDP's step time in ``benchmarks/fsdp.py`` on 2 CPU processes."""

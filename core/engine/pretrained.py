@@ -36,6 +36,7 @@ from torch import nn
 
 from tk.core.artifacts import ARTIFACTS_DIR, TaskFiles
 from tk.core.engine.checkpoint import load_checkpoint
+from tk.core.engine.shards import SHARDS_KEY
 from tk.core.errors import TkError
 
 __all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_source", "shape_conflicts",
@@ -77,7 +78,7 @@ class SourceRun:
     def weights(self) -> dict[str, torch.Tensor]:
         """The source model's state dict (its EMA weights where the run chose its model by a
         ``val_ema/`` metric), memory-mapped from the checkpoint: opening it is cheap, tensors are
-        read when copied.
+        read when copied (a sharded checkpoint's are read in full from its shard folder).
 
         Raises:
             TkError: the checkpoint cannot be read, naming ``model.pretrained_from``.
@@ -163,14 +164,14 @@ def open_source(spec: str | None, task: str, accepts: Sequence[str]) -> SourceRu
         checkpoint, files_dir = _run_checkpoint(path), path / ARTIFACTS_DIR
     elif path.is_file() and path.suffix == ".pt":
         try:
-            state = load_checkpoint(path, mmap=True)
+            state = load_checkpoint(path, mmap=True, full_model=False)  # a sharded one's weights: in weights()
         except TkError as e:
             raise TkError(f"{KEY}: {e}") from e
         config = state.get("config") if isinstance(state.get("config"), dict) else {}
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         checkpoint, files_dir = path, run_dir / ARTIFACTS_DIR
         source = SourceRun(str(spec), checkpoint, str(state.get("task") or config.get("task") or "?"), config,
-                           files_dir if files_dir.is_dir() else None, state)
+                           files_dir if files_dir.is_dir() else None, None if SHARDS_KEY in state else state)
         _check_task(source, task, accepts)
         return source
     else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -63,35 +63,60 @@ def sharded_training_state(model: nn.Module, optimizer) -> dict[str, Any]:
     return {"model": model_state, "optimizer": optim_state}
 
 
+def _main_then_all(is_main: bool, work: Callable[[], Any]) -> Any:
+    """Run ``work`` (file operations) on the main process alone and hand its result to every
+    process, or raise its error on every process: a failure on one process alone would leave
+    the others waiting in the next collective. Collective."""
+    box: list[Any] = [(None, None)]
+    if is_main:
+        try:
+            box = [(work(), None)]
+        except OSError as e:
+            box = [(None, str(e))]
+    dist.broadcast_object_list(box, src=0)
+    result, error = box[0]
+    if error is not None:
+        raise TkError(f"saving the checkpoint's shards: {error}")
+    return result
+
+
 def save_shards(directory: Path, step: int, state: dict[str, Any], is_main: bool, reuse: bool = False) -> str:
     """Write ``state`` (:func:`sharded_training_state`) as the shard folder of ``step``, every
     process its own file: into a temp folder, renamed into place once complete, so a killed
     save leaves no half folder under the final name. ``reuse``: this run already saved this
-    step's shards (the same weights; only the best metric changed), keep them. Collective.
+    step's shards (the same weights; only the best metric changed), keep them. The main
+    process decides and moves folders; every process learns the outcome. Collective.
 
     Returns:
         The folder relative to ``directory``, for the checkpoint file's :data:`SHARDS_KEY`.
+
+    Raises:
+        TkError: on every process, when the main process cannot create or rename the folders.
     """
     final = shard_folder(directory, step)
-    relative = final.relative_to(directory).as_posix()
-    if reuse and (final / _METADATA).is_file():
-        return relative
     tmp = final.with_name(f".{final.name}.tmp")
-    if is_main:
+    relative = final.relative_to(directory).as_posix()
+
+    def prepare() -> bool:
+        if reuse and (final / _METADATA).is_file():
+            return True
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    dist.barrier()
-    dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
-    dist.barrier()  # every shard and the metadata are on disk
-    if is_main:
-        if final.exists():  # a folder of this step from an abandoned attempt: replaced
+        return False
+
+    def publish() -> None:
+        if final.exists():  # this step's folder from an earlier attempt at the same step: replaced
             old = final.with_name(f".{final.name}.old.tmp")
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(final)
         fsync_dir(final.parent)
-    dist.barrier()
+
+    if _main_then_all(is_main, prepare):
+        return relative
+    dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))  # raises on every process
+    _main_then_all(is_main, publish)  # after every shard and the metadata are on disk
     return relative
 
 

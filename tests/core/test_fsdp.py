@@ -18,11 +18,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from click.testing import CliRunner
 from safetensors.torch import load_file
+from torch import nn
 
 from tk.core.cli import cli
 from tk.core.config import TrainConfig, check_core_rules
 from tk.core.engine.checkpoint import load_checkpoint
-from tk.core.engine.parallel import full_model_state, gathered, shard_blocks, wrap_fsdp
+from tk.core.engine.parallel import block_lists, full_model_state, gathered, shard_blocks, wrap_fsdp
 from tk.core.engine.shards import SHARDS_KEY, read_full_model
 from tk.core.engine.update import grad_norms, normalise_and_clip_
 from tk.core.errors import TkError
@@ -106,6 +107,21 @@ def test_fsdp_refuses_a_model_without_blocks_and_one_process():
     with pytest.raises(TkError, match="--nproc-per-node"):
         wrap_fsdp(tiny_lm(), torch.device("cpu"), 1)
     assert len(shard_blocks(tiny_lm())) == 2
+
+
+def test_block_lists_keep_nested_lists_apart():
+    """Neighbours prefetch each other only within one list: a stage list whose stages hold
+    block lists (timm Swin's shape) gives three lists, not one interleaved order."""
+    def stage() -> nn.Module:
+        module = nn.Module()
+        module.blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+        return module
+
+    model = nn.Module()
+    model.layers = nn.ModuleList([stage(), stage()])
+    lists = block_lists(model)
+    assert lists == [list(model.layers), list(model.layers[0].blocks), list(model.layers[1].blocks)]
+    assert shard_blocks(model) == [b for blocks in lists for b in blocks]
 
 
 def test_fsdp_with_ema_or_fp16_is_refused():

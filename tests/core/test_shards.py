@@ -73,6 +73,47 @@ def test_resuming_from_an_older_step_moves_the_later_shards_aside_with_their_fil
     assert moved[SHARDS_KEY] == str(folder / "shards" / "step_00000003")
 
 
+def test_a_second_abandoned_branch_gets_its_own_folder_and_keeps_its_shards(tmp_path):
+    manager = C.CheckpointManager(tmp_path, keep_last=5)
+    for step in (1, 2, 3):
+        _save_sharded(manager, step)
+    first = manager.prepare_resume(1)
+    for step in (2, 3):  # the second branch from step 1
+        _save_sharded(manager, step)
+    (tmp_path / "shards" / "step_00000002" / "__0_0.distcp").write_bytes(b"second")
+    second = manager.prepare_resume(1)
+    assert first.name == "abandoned_after_00000001" and second.name == "abandoned_after_00000001_2"
+    for folder in (first, second):
+        assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_00000002.pt", "step_00000003.pt"]
+        assert _shard_names(folder) == ["step_00000002", "step_00000003"]
+    assert (second / "shards" / "step_00000002" / "__0_0.distcp").read_bytes() == b"second"
+
+
+def test_a_set_aside_killed_midway_is_finished_into_the_same_folder(tmp_path):
+    manager = C.CheckpointManager(tmp_path, keep_last=5)
+    for step in (1, 2, 3):
+        _save_sharded(manager, step)
+    aside = tmp_path / "abandoned_after_00000001"
+    (aside / "shards").mkdir(parents=True)  # killed after moving step 2's shards and file, and step 3's shards
+    (tmp_path / "shards" / "step_00000002").rename(aside / "shards" / "step_00000002")
+    (tmp_path / "step_00000002.pt").rename(aside / "step_00000002.pt")
+    (tmp_path / "shards" / "step_00000003").rename(aside / "shards" / "step_00000003")
+    assert manager.prepare_resume(1) == aside
+    assert sorted(p.name for p in aside.glob("step_*.pt")) == ["step_00000002.pt", "step_00000003.pt"]
+    for step in (2, 3):
+        C.load_checkpoint(aside / f"step_{step:08d}.pt", full_model=False)  # each finds its shards
+
+
+def test_rotation_keeps_what_best_pt_names_when_the_index_lags(tmp_path):
+    manager = C.CheckpointManager(tmp_path, keep_last=1)
+    _save_sharded(manager, 1, metric=0.5)
+    _save_sharded(manager, 2, metric=0.9)  # best.pt: step 2
+    manager.info["best"]["step"] = 1  # as if killed between best.pt and the index
+    _save_sharded(manager, 3, metric=0.1)
+    assert C.load_checkpoint(tmp_path / "best.pt", full_model=False)["step"] == 2  # its shards are kept
+    assert _shard_names(tmp_path) == ["step_00000002", "step_00000003"]
+
+
 def _tiny_lm(seed: int, depth: int = 2) -> DecoderOnlyLM:
     torch.manual_seed(seed)
     return DecoderOnlyLM(TransformerConfig(dim=16, depth=depth, num_heads=2, dropout=0.0, max_len=16), 11)
