@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 
 from tk.core.cli import cli
-from tk.core.engine.inference import evaluate_run, load_run
 from tk.core.config import ConfigError
+from tk.core.engine.inference import evaluate_run, load_run
 from tk.core.errors import TkError
 from tk.core.nn.vit import load_timm_vit
 from tk.core.recipe import load_config
