@@ -3,6 +3,7 @@ optional layer-wise learning-rate decay for fine-tuning.
 
 Layer-wise decay: BEiT (https://arxiv.org/abs/2106.08254), ELECTRA (https://arxiv.org/abs/2003.10555).
 Decoupled weight decay: AdamW (https://arxiv.org/abs/1711.05101).
+Adafactor (https://arxiv.org/abs/1804.04235) is torch's; Lion (https://arxiv.org/abs/2302.06675) timm's.
 """
 
 from __future__ import annotations
@@ -13,19 +14,25 @@ from typing import Callable, Literal
 import torch
 from torch import nn
 
+from timm.optim import Lion
+
 from tk.core.errors import TkError
 
-__all__ = ["OptimConfig", "build_optimizer", "param_groups"]
+__all__ = ["OPTIMIZERS", "OptimConfig", "build_optimizer", "param_groups"]
+
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "lion")
 
 
 @dataclass
 class OptimConfig:
     """The recipe's ``optim:`` section."""
 
-    name: Literal["adamw", "sgd"] = "adamw"  # optimiser: "adamw" (decoupled decay) or "sgd"
+    # optimiser: "adamw" (decoupled decay), "sgd", "adafactor" (torch's: factored second moments, memory of
+    # rows + columns instead of a matrix) or "lion" (timm's: sign of momentum; use ~3-10x lower lr, higher decay)
+    name: Literal["adamw", "sgd", "adafactor", "lion"] = "adamw"
     lr: float = 1e-3  # peak learning rate (the schedule multiplies it); Noam: the lr factor
     weight_decay: float = 0.05  # decay coefficient, applied to weight matrices only
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW/Lion (beta1, beta2); Lion's paper: [0.9, 0.99]
     eps: float = 1e-8  # AdamW denominator epsilon
     momentum: float = 0.9  # SGD momentum
     nesterov: bool = False  # SGD: use Nesterov momentum
@@ -53,8 +60,11 @@ class OptimConfig:
             errors.append(f"optim.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
         if self.fused and self.foreach:
             errors.append("optim.fused and optim.foreach: choose one of them (set the other to null)")
-        if self.name not in ("adamw", "sgd"):
-            errors.append(f"optim.name must be 'adamw' or 'sgd', got {self.name!r}")
+        if self.name not in OPTIMIZERS:
+            errors.append(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}")
+        elif self.fused and self.name in ("adafactor", "lion"):
+            errors.append(f"optim.fused: {self.name} has no fused kernel; set optim.fused=null "
+                          "(optim.foreach=true is its multi-tensor kernel)")
         return errors
 
 
@@ -194,7 +204,11 @@ def build_optimizer(
     try:
         if cfg.name == "adamw":
             return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kernels)
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernels)
+        if cfg.name == "sgd":
+            return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernels)
+        if cfg.name == "adafactor":  # torch's defaults for its own constants (beta2 decay, eps pair, clipping d)
+            return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=cfg.foreach)
+        return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=cfg.foreach)
     except RuntimeError as e:  # e.g. "`fused=True` requires all the params to be floating point Tensors of
         # supported devices" (the device or dtype has no fused kernel in this torch)
         if not cfg.fused:

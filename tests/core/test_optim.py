@@ -1,5 +1,7 @@
 """Tests for tk.core.optim: weight-decay groups, frozen params, layer-wise lr decay."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -148,3 +150,86 @@ def test_fused_and_foreach_kernels_match_the_plain_loop(name):
 def test_fused_and_foreach_together_are_refused():
     assert OptimConfig(fused=True, foreach=True).check() == [
         "optim.fused and optim.foreach: choose one of them (set the other to null)"]
+
+
+def _quadratic_steps(opt, p, targets):
+    """A step per target on loss = sum((p - target)**2 / 2) (gradient p - target)."""
+    for t in targets:
+        opt.zero_grad()
+        ((p - t) ** 2 / 2).sum().backward()
+        opt.step()
+
+
+def test_lion_takes_the_sign_steps_of_its_paper():
+    """optim.name=lion: c = b1*m + (1-b1)*g, p -= lr*(sign(c) + wd*p), m = b2*m + (1-b2)*g
+    (Chen et al. 2023, Algorithm 2), checked by hand over two steps; biases get no decay."""
+    lr, wd, (b1, b2) = 0.1, 0.5, (0.9, 0.99)
+    model = nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -2.0]]))
+        model.bias.fill_(0.3)
+    opt = build_optimizer(model, OptimConfig(name="lion", lr=lr, weight_decay=wd, betas=[b1, b2]))
+    x1, x2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    w, b, m_w, m_b = model.weight.detach().clone(), model.bias.detach().clone(), 0.0, 0.0
+    for x in (x1, x2):
+        opt.zero_grad()
+        model(x).sum().backward()  # d/dw = x, d/db = 1
+        g_w, g_b = x, torch.ones(1)
+        c_w, c_b = b1 * m_w + (1 - b1) * g_w, b1 * m_b + (1 - b1) * g_b
+        w = w * (1 - lr * wd) - lr * torch.sign(c_w)
+        b = b - lr * torch.sign(c_b)  # no decay on biases
+        m_w, m_b = b2 * m_w + (1 - b2) * g_w, b2 * m_b + (1 - b2) * g_b
+        opt.step()
+    torch.testing.assert_close(model.weight.detach(), w)
+    torch.testing.assert_close(model.bias.detach(), b)
+
+
+def test_adafactor_is_torchs_with_factored_state_and_tks_groups():
+    """optim.name=adafactor is torch.optim.Adafactor over tk's groups (decay on matrices only): the same
+    parameters as a hand-built one after 3 steps, and a matrix's second moment is a row and a column
+    vector, not a matrix (the memory it saves)."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    b = copy.deepcopy(a)
+    opt_a = build_optimizer(a, OptimConfig(name="adafactor", lr=0.05, weight_decay=0.1))
+    decay = [p for n, p in b.named_parameters() if p.ndim == 2]
+    rest = [p for n, p in b.named_parameters() if p.ndim < 2]
+    opt_b = torch.optim.Adafactor([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=0.05)
+    for model, opt in ((a, opt_a), (b, opt_b)):
+        for step in range(3):
+            x = torch.randn(5, 6, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0)
+    state = opt_a.state[a[0].weight]
+    assert state["row_var"].numel() + state["col_var"].numel() == 8 + 6
+    assert not any(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), nn.Sequential(
+        nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)).parameters()))  # it moved
+
+
+@pytest.mark.parametrize("name", ["adafactor", "lion"])
+def test_adafactor_and_lion_learn_and_their_foreach_kernel_changes_nothing(name):
+    """Both minimise a quadratic; foreach=True gives the plain loop's parameters (1e-6). (Not from zeros:
+    Adafactor's step is relative to the parameter's RMS.)"""
+    target = torch.linspace(-1, 1, 12).reshape(3, 4)
+    start = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for foreach in (True, False):
+        p = nn.Parameter(start.clone())
+        holder = nn.Module()
+        holder.p = p
+        opt = build_optimizer(holder, OptimConfig(name=name, lr=0.05, weight_decay=0.0, foreach=foreach,
+                                                  betas=[0.9, 0.99]))
+        _quadratic_steps(opt, p, [target] * 200)
+        results[foreach] = p.detach().clone()
+    torch.testing.assert_close(results[True], results[False], rtol=0, atol=1e-6)
+    assert (results[False] - target).abs().max() < 0.1 * (start - target).abs().max()
+
+
+@pytest.mark.parametrize("name", ["adafactor", "lion"])
+def test_fused_is_refused_for_optimisers_without_a_fused_kernel(name):
+    assert OptimConfig(name=name, fused=True).check() == [
+        f"optim.fused: {name} has no fused kernel; set optim.fused=null (optim.foreach=true is its multi-tensor kernel)"]
