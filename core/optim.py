@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import torch
-from torch import nn
-
 from timm.optim import Lion
+from torch import nn
 
 from tk.core.errors import TkError
 
