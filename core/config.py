@@ -317,6 +317,12 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
     if t.strategy == "fsdp" and t.precision == "fp16":  # the GradScaler's overflow check would see one shard only
         problems.append("train.precision: fp16 is not supported with train.strategy: fsdp (its loss scaling "
                         "would skip steps on some shards only); use train.precision=bf16")
+    optim = getattr(cfg, "optim", None)
+    if t.strategy == "fsdp" and optim is not None and optim.name == "adafactor":
+        # torch's Adafactor squares a row statistic in place, which DTensor (FSDP's shards) cannot do
+        problems.append("optim.name: adafactor does not run on FSDP's sharded parameters (torch's Adafactor "
+                        "uses in-place ops DTensor refuses); use optim.name=adamw or lion with train.strategy: "
+                        "fsdp, or train.strategy=ddp")
     repeated = sorted({n for n in t.loggers if t.loggers.count(n) > 1})
     if repeated:
         problems.append(f"train.loggers: {', '.join(repeated)} listed more than once")

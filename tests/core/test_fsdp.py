@@ -30,6 +30,7 @@ from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig, ViTConfig
 from tk.core.nn.transformer import DecoderOnlyLM
 from tk.core.nn.vit import VisionTransformer
+from tk.core.optim import OptimConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,6 +131,9 @@ def test_fsdp_with_ema_or_fp16_is_refused():
     problems = check_core_rules(type("Cfg", (), {"train": TrainConfig(strategy="fsdp", precision="fp16")})())
     assert len(problems) == 1 and problems[0].startswith("train.precision: fp16 is not supported")
     assert check_core_rules(type("Cfg", (), {"train": TrainConfig(strategy="ddp", ema_decay=0.99)})()) == []
+    problems = check_core_rules(type("Cfg", (), {"train": TrainConfig(strategy="fsdp"),
+                                                 "optim": OptimConfig(name="adafactor")})())
+    assert len(problems) == 1 and problems[0].startswith("optim.name: adafactor does not run on FSDP")
 
 
 LM = ["data.num_sentences=2000", "train.max_steps=6", "train.eval_every=3", "train.log_every=1",
@@ -266,3 +270,13 @@ def test_fsdp_checkpoint_resumes_with_another_process_count(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # one process, strategy ddp
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1 and "train.strategy=fsdp" in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_fsdp_with_lion_equals_ddp(tmp_path):
+    """timm's Lion steps FSDP's sharded (DTensor) parameters as DDP's full ones."""
+    fsdp, ddp = tmp_path / "fsdp", tmp_path / "ddp"
+    lion = ["optim.name=lion", "optim.lr=1e-3", "train.max_steps=4"]
+    tk_run("lm_synthetic.yaml", fsdp, LM, *lion, "train.strategy=fsdp", "--nproc-per-node", "2")
+    tk_run("lm_synthetic.yaml", ddp, LM, *lion, "--nproc-per-node", "2")
+    assert_same_run(fsdp, ddp, atol=1e-5)
