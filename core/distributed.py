@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -19,6 +23,7 @@ from tk.core.errors import TkError
 __all__ = [
     "DistInfo", "init_distributed", "is_distributed", "get_rank", "get_world_size",
     "is_main_process", "barrier", "all_reduce_sum", "comm_device", "cleanup", "float64_vector", "agreed_log_keys",
+    "ranks_not_seeing",
 ]
 
 
@@ -171,3 +176,28 @@ def agreed_log_keys(keys: list[str], world_size: int) -> list[str]:
         raise TkError(f"StepOutput.logs must have the same keys on every batch and process, got {shown}; "
                       f"log a 0 where a value does not apply")
     return keys
+
+
+def ranks_not_seeing(folder: Path, wait_s: float = 10.0) -> list[str]:
+    """The processes (``"rank R on HOST"``) that do not see a file rank 0 writes in ``folder``:
+    empty when ``folder`` is one folder shared by every process (a collective; ``[]`` in one
+    process). Rank 0 writes a probe with a fresh name and removes it after; the others look
+    for it for up to ``wait_s`` seconds (a network filesystem may show a new file late).
+
+    Raises:
+        OSError: rank 0 cannot write in ``folder``.
+    """
+    if not is_distributed():
+        return []
+    probe = [f".tk-probe-{uuid.uuid4().hex}" if dist.get_rank() == 0 else None]
+    if dist.get_rank() == 0:
+        (folder / probe[0]).write_bytes(b"")
+    dist.broadcast_object_list(probe, src=0)
+    path, deadline = folder / probe[0], time.monotonic() + wait_s
+    while not (seen := path.exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, (seen, socket.gethostname()))
+    if dist.get_rank() == 0:
+        path.unlink(missing_ok=True)
+    return [f"rank {r} on {host}" for r, (ok, host) in enumerate(views) if not ok]

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Literal
 
-from tk.core.distributed import barrier, cleanup, init_distributed
+from tk.core.distributed import barrier, cleanup, init_distributed, ranks_not_seeing
 from tk.core.engine.checkpoint import CheckpointReadError, intact_checkpoints
 from tk.core.engine.device import check_logger_packages, preflight
 from tk.core.engine.precision import check_precision
@@ -202,7 +202,7 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
         command = shlex.join(["tk", "run", str(recipe), *overrides])
-        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault)
+        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault, echo)
         if dist is not None:  # leave together: a rank tearing gloo down while a peer still uses it can abort
             barrier()
         return results
@@ -245,7 +245,8 @@ def _fault_hook() -> Callable[[Path], None] | None:
 
 
 def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | None, existed: bool,
-           command: str, fault: Callable[[Path], None] | None = None) -> dict[str, float]:
+           command: str, fault: Callable[[Path], None] | None = None,
+           echo: Callable[[str], None] = print) -> dict[str, float]:
     """Build the trainer and fit; until the first checkpoint, any failure puts back
     the run that ``--overwrite`` set aside (and discards the new one). ``fault``: the
     save hook of :func:`_fault_hook`, if any."""
@@ -261,6 +262,8 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
             aside_kept = False
 
     try:
+        if dist is not None:
+            _check_shared_run_dir(run_dir, cfg.train.strategy, resume, is_main, echo)
         try:
             last = run_dir / "checkpoints" / "last.pt"
             trainer = Trainer(cfg, task_cls, run_dir, dist,
@@ -289,6 +292,29 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
     if aside_kept:
         drop_set_aside(run_dir)  # a run that ends without any checkpoint still replaces the old one
     return results
+
+
+def _check_shared_run_dir(run_dir: Path, strategy: str, resume: bool, is_main: bool,
+                          echo: Callable[[str], None]) -> None:
+    """Processes on other machines must see the same run dir where they read or write it: FSDP
+    writes every process's shards there, and a resume reads the checkpoint on every process.
+    DDP's fresh runs write from rank 0 only: a warning then, since a restart could not resume.
+
+    Raises:
+        TkError: (on every process) some process does not see rank 0's run dir, and needs to.
+    """
+    blind = ranks_not_seeing(run_dir)
+    if not blind:
+        return
+    where = (f"output_dir {run_dir} is not one folder shared by all processes: {', '.join(blind)} cannot see a "
+             f"file rank 0 wrote there")
+    if strategy == "fsdp" or resume:
+        need = "train.strategy: fsdp writes every process's checkpoint shards there" if strategy == "fsdp" else \
+            "--resume reads the checkpoint on every process"
+        raise TkError(f"{where}; {need}: use a folder on a filesystem every node mounts (NFS, Lustre, ...)")
+    if is_main:
+        echo(f"warning: {where}; training goes on (only rank 0 writes with ddp), but --resume and --resume auto "
+             f"will need a folder every node mounts")
 
 
 def _unreadable_last(e: CheckpointReadError, run_dir: Path, command: str) -> TkError:

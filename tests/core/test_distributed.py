@@ -3,11 +3,13 @@
 import multiprocessing as mp
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
 
 from tk.core import distributed as D
+from tk.core.engine import launch
 from tk.core.errors import TkError
 
 
@@ -54,3 +56,51 @@ def test_two_processes_gloo():
         p.join(timeout=60)
         assert p.exitcode == 0
     assert results == [(0, 2, True, [3.0, 20.0]), (1, 2, False, [3.0, 20.0])]
+
+
+def _probe_worker(rank: int, port: int, queue, folders: list[str]) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    D.init_distributed(device="cpu")
+    try:
+        queue.put((rank, D.ranks_not_seeing(Path(folders[rank]), wait_s=0.5), sorted(os.listdir(folders[rank]))))
+    finally:
+        D.cleanup()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_ranks_not_seeing_a_folder_that_is_not_shared(tmp_path, shared):
+    """Rank 1's output_dir is another folder of the same name (a node-local disk, simulated by
+    another path): both ranks learn that rank 1 cannot see rank 0's files; the probe is removed."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    folders = [str(a), str(a if shared else b)]
+    procs = [ctx.Process(target=_probe_worker, args=(r, port, queue, folders)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    blind = [] if shared else [f"rank 1 on {socket.gethostname()}"]
+    assert [r[1] for r in results] == [blind, blind]
+    assert os.listdir(a) == [] and os.listdir(b) == []
+
+
+def test_a_run_dir_not_shared_is_an_error_for_fsdp_and_resume_and_a_warning_for_ddp(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch, "ranks_not_seeing", lambda folder: ["rank 2 on node-b"])
+    for strategy, resume, need in (("fsdp", False, "writes every process's checkpoint shards"),
+                                   ("ddp", True, "--resume reads the checkpoint on every process")):
+        with pytest.raises(TkError, match=f"output_dir {tmp_path} is not one folder shared by all processes: "
+                                          f"rank 2 on node-b cannot see a file rank 0 wrote there; .*{need}"):
+            launch._check_shared_run_dir(tmp_path, strategy, resume, True, print)
+    said = []
+    launch._check_shared_run_dir(tmp_path, "ddp", False, True, said.append)
+    assert len(said) == 1 and said[0].startswith("warning: output_dir") and "--resume auto will need" in said[0]
+    monkeypatch.setattr(launch, "ranks_not_seeing", lambda folder: [])
+    launch._check_shared_run_dir(tmp_path, "fsdp", True, True, said.append)
+    assert len(said) == 1
