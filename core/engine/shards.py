@@ -124,7 +124,8 @@ def check_shards(folder: Path) -> None:
     """Raise a one-line error when ``folder`` is not a complete DCP folder."""
     if not (Path(folder) / _METADATA).is_file():
         raise TkError(f"the checkpoint's shard folder {folder} is missing or incomplete (no {_METADATA}); "
-                      f"the run dir lost it: use another checkpoint of the run")
+                      f"a sharded checkpoint's .pt needs its shard folder beside it (copy checkpoints/ whole), or "
+                      f"use another checkpoint of the run")
 
 
 def _first_line(e: BaseException) -> str:
