@@ -187,25 +187,28 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 class RandomIndexSampler(Sampler[list[int]]):
     """Endless random batches for iteration-based training (no epochs).
 
-    Batch number k (0, 1, 2, ... on this process; a micro-batch, so the step when
-    ``train.grad_accum=1``) holds ``batch_size`` indices drawn uniformly, with replacement,
-    from [0, num_items) by a generator seeded with (seed, rank, k) alone: a pure function,
-    so a resumed run continues at batch k without drawing the ones before it, and
-    processes draw independent batches. It has no ``__len__``: train with
-    ``train.max_steps`` (and ``train.eval_every`` to evaluate before the end).
+    Batch number k (0, 1, 2, ...; a micro-batch, so the step when ``train.grad_accum=1``)
+    of the whole job holds ``batch_size * world_size`` indices drawn uniformly, with
+    replacement, from [0, num_items) by a generator seeded with (seed, k) alone, and process
+    ``rank`` takes its ``batch_size`` of them: a pure function, so a resumed run continues at
+    batch k without drawing the ones before it, and N processes with batches of B see
+    exactly the batches of one process with batches of N x B (the same updates). It has no
+    ``__len__``: train with ``train.max_steps`` (and ``train.eval_every`` to evaluate before
+    the end).
 
     Args:
         num_items: dataset size.
-        batch_size: indices per batch.
-        seed: base seed; rank: this process (its own stream of batches).
+        batch_size: indices per batch on this process.
+        seed: base seed; rank, world_size: this process and the number of processes.
     """
 
-    def __init__(self, num_items: int, batch_size: int, *, seed: int = 0, rank: int = 0) -> None:
+    def __init__(self, num_items: int, batch_size: int, *, seed: int = 0, rank: int = 0,
+                 world_size: int = 1) -> None:
         if num_items < 1 or batch_size < 1:
             raise ValueError(f"num_items ({num_items}) and batch_size ({batch_size}) must be >= 1")
-        if rank < 0:
-            raise ValueError(f"rank must be >= 0, got {rank}")
+        _check_shard(rank, world_size)
         self.num_items, self.batch_size, self.seed, self.rank = num_items, batch_size, seed, rank
+        self.world_size = world_size
         self.epoch = 0  # no epochs; kept for the worker seeding of tk.core.data.loader
         self.start = 0  # the batch number the next iteration starts at
         self._served = 0
@@ -213,12 +216,14 @@ class RandomIndexSampler(Sampler[list[int]]):
     @classmethod
     def from_spec(cls, spec: LoaderSpec, num_items: int) -> RandomIndexSampler:
         """The sampler for a :class:`LoaderSpec` (batch size, seed and rank from it)."""
-        return cls(num_items, spec.batch_size, seed=spec.seed, rank=spec.rank)
+        return cls(num_items, spec.batch_size, seed=spec.seed, rank=spec.rank, world_size=spec.world_size)
 
     def batch(self, k: int) -> list[int]:
-        """Batch number ``k`` of this process."""
-        rng = _rng(self.seed, self.rank, k)
-        return rng.integers(0, self.num_items, self.batch_size).tolist()
+        """Batch number ``k`` of this process: its slice of the job's batch ``k``."""
+        # the key (seed, 0, k) keeps one process's stream what it was when every rank drew its own
+        rng = _rng(self.seed, 0, k)
+        drawn = rng.integers(0, self.num_items, self.batch_size * self.world_size)
+        return drawn[self.rank * self.batch_size:(self.rank + 1) * self.batch_size].tolist()
 
     def state_dict(self) -> dict[str, int]:
         """``{"batch": k}``: batches handed out (the next one is number k)."""
@@ -238,7 +243,7 @@ class RandomIndexSampler(Sampler[list[int]]):
 
 class RandomBlockSampler(RandomIndexSampler):
     """Random block start offsets over a token stream (nanoGPT's ``get_batch``), as a pure
-    function of (seed, rank, batch number); see :class:`RandomIndexSampler`.
+    function of (seed, batch number, rank, world size); see :class:`RandomIndexSampler`.
 
     Offsets lie in [0, num_tokens - block_size], so ``tokens[o : o + block_size]`` always
     fits; a language model that needs inputs and shifted targets passes
@@ -248,17 +253,19 @@ class RandomBlockSampler(RandomIndexSampler):
         num_tokens: length N of the token array.
         block_size: tokens per block.
         batch_size: blocks per batch.
-        seed: base seed; rank: this process.
+        seed: base seed; rank, world_size: this process and the number of processes.
     """
 
-    def __init__(self, num_tokens: int, block_size: int, batch_size: int, *, seed: int = 0, rank: int = 0) -> None:
+    def __init__(self, num_tokens: int, block_size: int, batch_size: int, *, seed: int = 0, rank: int = 0,
+                 world_size: int = 1) -> None:
         if not 1 <= block_size <= num_tokens:
             raise ValueError(f"block_size ({block_size}) must be in [1, num_tokens ({num_tokens})]")
-        super().__init__(num_tokens - block_size + 1, batch_size, seed=seed, rank=rank)
+        super().__init__(num_tokens - block_size + 1, batch_size, seed=seed, rank=rank, world_size=world_size)
         self.num_tokens, self.block_size = num_tokens, block_size
 
     @classmethod
     def from_spec(  # type: ignore[override]
             cls, spec: LoaderSpec, num_tokens: int, block_size: int) -> RandomBlockSampler:
         """The sampler for a :class:`LoaderSpec` (batch size, seed and rank from it)."""
-        return cls(num_tokens, block_size, spec.batch_size, seed=spec.seed, rank=spec.rank)
+        return cls(num_tokens, block_size, spec.batch_size, seed=spec.seed, rank=spec.rank,
+                   world_size=spec.world_size)

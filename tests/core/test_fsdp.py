@@ -169,10 +169,13 @@ def assert_same_run(got: Path, want: Path, atol: float) -> None:
 
 @pytest.mark.slow
 def test_fsdp_lm_equals_ddp_resumes_exactly_and_exports_for_one_process(tmp_path):
-    fsdp, ddp, resumed = tmp_path / "fsdp", tmp_path / "ddp", tmp_path / "resumed"
+    fsdp, ddp, one, resumed = tmp_path / "fsdp", tmp_path / "ddp", tmp_path / "one", tmp_path / "resumed"
     tk_run("lm_synthetic.yaml", fsdp, LM, "train.strategy=fsdp", "--nproc-per-node", "2")
     tk_run("lm_synthetic.yaml", ddp, LM, "--nproc-per-node", "2")
     assert_same_run(fsdp, ddp, atol=1e-5)
+    # the 2 processes' random blocks are one process's batches of 16, split: the same updates
+    tk_run("lm_synthetic.yaml", one, [*LM, "train.batch_size=16"])
+    assert_same_run(fsdp, one, atol=1e-5)
     # rank 0 killed right after the step-3 (sharded) checkpoint; torchrun restarts the command,
     # which resumes from it: the same run as the uninterrupted one
     proc = subprocess.run(

@@ -1,6 +1,6 @@
 """Text samplers: token-budget batches (budget, exactly-once sharding with equal counts,
 seeded order, low padding, resume by index, 2 gloo processes) and endless random batches
-as a pure function of (seed, rank, batch number)."""
+as a pure function of (seed, batch number), sliced by rank."""
 
 import collections
 import json
@@ -151,16 +151,20 @@ def test_batch_stream_resumes_a_token_budget_pass_without_loading_skipped_batche
 
 
 def test_random_index_sampler_is_a_pure_function_of_seed_rank_and_batch():
-    s = RandomIndexSampler(1000, 16, seed=3, rank=1)
+    s = RandomIndexSampler(1000, 16, seed=3, rank=1, world_size=2)
     it = iter(s)
     first = [next(it) for _ in range(8)]
     assert first[5] == s.batch(5) and all(0 <= i < 1000 for b in first for i in b)
     assert s.state_dict() == {"batch": 8}
-    resumed = RandomIndexSampler(1000, 16, seed=3, rank=1)
+    resumed = RandomIndexSampler(1000, 16, seed=3, rank=1, world_size=2)
     resumed.load_state_dict({"epoch": 0, "batch": 5})
     assert next(iter(resumed)) == first[5]
-    assert RandomIndexSampler(1000, 16, seed=3, rank=0).batch(5) != first[5]  # ranks draw their own
-    assert RandomIndexSampler(1000, 16, seed=4, rank=1).batch(5) != first[5]
+    # the two ranks' batches are one process's batch of 32, split in order
+    one = RandomIndexSampler(1000, 32, seed=3)
+    assert RandomIndexSampler(1000, 16, seed=3, rank=0, world_size=2).batch(5) + first[5] == one.batch(5)
+    assert RandomIndexSampler(1000, 16, seed=4, rank=1, world_size=2).batch(5) != first[5]
+    with pytest.raises(ValueError, match=r"rank \(2\) must be in \[0, world_size\)"):
+        RandomIndexSampler(1000, 16, rank=2, world_size=2)
     with pytest.raises(TypeError):
         len(s)
 

@@ -175,14 +175,18 @@ def test_block_sampling_is_a_pure_function_of_seed_rank_step_and_covers_the_corp
     task = make_task(tmp_path, ["data.block_size=16"])
     task.setup()
 
-    def batches(seed, rank, n):
-        loader = task.build_loader("train", LoaderSpec(batch_size=8, shuffle=True, seed=seed, rank=rank))
+    def batches(seed, rank, n, world_size=1, batch_size=8):
+        loader = task.build_loader("train", LoaderSpec(batch_size=batch_size, shuffle=True, seed=seed, rank=rank,
+                                                       world_size=world_size))
         it = iter(loader)
         return [next(it)["tokens"] for _ in range(n)]
 
     a, b = batches(0, 0, 30), batches(0, 0, 30)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert not torch.equal(batches(1, 0, 1)[0], a[0]) and not torch.equal(batches(0, 1, 1)[0], a[0])
+    assert not torch.equal(batches(1, 0, 1)[0], a[0])
+    # two processes with batches of 4 split one process's batches of 8 (the same updates)
+    halves = [batches(0, rank, 3, world_size=2, batch_size=4) for rank in (0, 1)]
+    assert all(torch.equal(torch.cat([h0, h1]), x) for h0, h1, x in zip(*halves, a))
     # every block is the corpus at its offset, and the offsets reach both ends of the train split
     train = torch.from_numpy(task.splits["train"].astype(np.int64))
     sampler = task.build_loader("train", LoaderSpec(batch_size=8, seed=0)).batch_sampler
