@@ -185,16 +185,28 @@ def ranks_not_seeing(folder: Path, wait_s: float = 10.0) -> list[str]:
     for it for up to ``wait_s`` seconds (a network filesystem may show a new file late).
 
     Raises:
-        OSError: rank 0 cannot write in ``folder``.
+        TkError: (on every process) rank 0 cannot write in ``folder``.
     """
     if not is_distributed():
         return []
-    probe = [f".tk-probe-{uuid.uuid4().hex}" if dist.get_rank() == 0 else None]
+    box: list[Any] = [f".tk-probe-{uuid.uuid4().hex}", None]  # the probe's name, rank 0's error
     if dist.get_rank() == 0:
-        (folder / probe[0]).write_bytes(b"")
-    dist.broadcast_object_list(probe, src=0)
-    path, deadline = folder / probe[0], time.monotonic() + wait_s
-    while not (seen := path.exists()) and time.monotonic() < deadline:
+        try:
+            (folder / box[0]).write_bytes(b"")
+        except OSError as e:  # told to every process: none waits at the next collective
+            box[1] = f"cannot write in {folder} ({e.strerror or e})"
+    dist.broadcast_object_list(box, src=0)
+    if box[1] is not None:
+        raise TkError(box[1])
+    path, deadline = folder / box[0], time.monotonic() + wait_s
+
+    def visible() -> bool:
+        try:
+            return path.is_file()
+        except OSError:  # e.g. permission denied on this node: not seen, and still at the gather below
+            return False
+
+    while not (seen := visible()) and time.monotonic() < deadline:
         time.sleep(0.2)
     views: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(views, (seen, socket.gethostname()))

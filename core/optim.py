@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import torch
-from timm.optim import Lion
 from torch import nn
 
 from tk.core.errors import TkError
@@ -26,9 +25,7 @@ OPTIMIZERS = ("adamw", "sgd", "adafactor", "lion")
 class OptimConfig:
     """The recipe's ``optim:`` section."""
 
-    # optimiser: "adamw" (decoupled decay), "sgd", "adafactor" (torch's: factored second moments, memory of
-    # rows + columns instead of a matrix) or "lion" (timm's: sign of momentum; use ~3-10x lower lr, higher decay)
-    name: Literal["adamw", "sgd", "adafactor", "lion"] = "adamw"
+    name: Literal["adamw", "sgd", "adafactor", "lion"] = "adamw"  # adamw | sgd | adafactor (torch's) | lion (timm's)
     lr: float = 1e-3  # peak learning rate (the schedule multiplies it); Noam: the lr factor
     weight_decay: float = 0.05  # decay coefficient, applied to weight matrices only
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW/Lion (beta1, beta2); Lion's paper: [0.9, 0.99]
@@ -207,6 +204,8 @@ def build_optimizer(
             return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernels)
         if cfg.name == "adafactor":  # torch's defaults for its own constants (beta2 decay, eps pair, clipping d)
             return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=cfg.foreach)
+        from timm.optim import Lion  # lazy, as everywhere in core: timm's import pulls in all its models
+
         return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=cfg.foreach)
     except RuntimeError as e:  # e.g. "`fused=True` requires all the params to be floating point Tensors of
         # supported devices" (the device or dtype has no fused kernel in this torch)

@@ -215,7 +215,7 @@ class RandomIndexSampler(Sampler[list[int]]):
 
     @classmethod
     def from_spec(cls, spec: LoaderSpec, num_items: int) -> RandomIndexSampler:
-        """The sampler for a :class:`LoaderSpec` (batch size, seed and rank from it)."""
+        """The sampler for a :class:`LoaderSpec` (batch size, seed, rank and world size from it)."""
         return cls(num_items, spec.batch_size, seed=spec.seed, rank=spec.rank, world_size=spec.world_size)
 
     def batch(self, k: int) -> list[int]:
@@ -266,6 +266,6 @@ class RandomBlockSampler(RandomIndexSampler):
     @classmethod
     def from_spec(  # type: ignore[override]
             cls, spec: LoaderSpec, num_tokens: int, block_size: int) -> RandomBlockSampler:
-        """The sampler for a :class:`LoaderSpec` (batch size, seed and rank from it)."""
+        """The sampler for a :class:`LoaderSpec` (batch size, seed, rank and world size from it)."""
         return cls(num_tokens, block_size, spec.batch_size, seed=spec.seed, rank=spec.rank,
                    world_size=spec.world_size)

@@ -202,7 +202,7 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
         command = shlex.join(["tk", "run", str(recipe), *overrides])
-        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault, echo)
+        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault)
         if dist is not None:  # leave together: a rank tearing gloo down while a peer still uses it can abort
             barrier()
         return results
@@ -245,8 +245,7 @@ def _fault_hook() -> Callable[[Path], None] | None:
 
 
 def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | None, existed: bool,
-           command: str, fault: Callable[[Path], None] | None = None,
-           echo: Callable[[str], None] = print) -> dict[str, float]:
+           command: str, fault: Callable[[Path], None] | None = None) -> dict[str, float]:
     """Build the trainer and fit; until the first checkpoint, any failure puts back
     the run that ``--overwrite`` set aside (and discards the new one). ``fault``: the
     save hook of :func:`_fault_hook`, if any."""
@@ -263,7 +262,7 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
 
     try:
         if dist is not None:
-            _check_shared_run_dir(run_dir, cfg.train.strategy, resume, is_main, echo)
+            _check_shared(run_dir, resume_from if resume else None, cfg.train.strategy)
         try:
             last = run_dir / "checkpoints" / "last.pt"
             trainer = Trainer(cfg, task_cls, run_dir, dist,
@@ -294,27 +293,24 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
     return results
 
 
-def _check_shared_run_dir(run_dir: Path, strategy: str, resume: bool, is_main: bool,
-                          echo: Callable[[str], None]) -> None:
-    """Processes on other machines must see the same run dir where they read or write it: FSDP
-    writes every process's shards there, and a resume reads the checkpoint on every process.
-    DDP's fresh runs write from rank 0 only: a warning then, since a restart could not resume.
+def _check_shared(run_dir: Path, resume_from: str | None, strategy: str) -> None:
+    """Every process must see the run dir rank 0 prepared (and a ``--resume-from`` file's
+    folder): FSDP writes every process's shards there, a resume reads the checkpoint on every
+    process, and a process that cannot see the task files (a trained tokenizer) would build its
+    own, which need not match rank 0's.
 
     Raises:
-        TkError: (on every process) some process does not see rank 0's run dir, and needs to.
+        TkError: (on every process) some process does not see one of them.
     """
-    blind = ranks_not_seeing(run_dir)
-    if not blind:
-        return
-    where = (f"output_dir {run_dir} is not one folder shared by all processes: {', '.join(blind)} cannot see a "
-             f"file rank 0 wrote there")
-    if strategy == "fsdp" or resume:
-        need = "train.strategy: fsdp writes every process's checkpoint shards there" if strategy == "fsdp" else \
-            "--resume reads the checkpoint on every process"
-        raise TkError(f"{where}; {need}: use a folder on a filesystem every node mounts (NFS, Lustre, ...)")
-    if is_main:
-        echo(f"warning: {where}; training goes on (only rank 0 writes with ddp), but --resume and --resume auto "
-             f"will need a folder every node mounts")
+    for folder in [run_dir] + ([Path(resume_from).resolve().parent] if resume_from else []):
+        blind = ranks_not_seeing(folder)
+        if blind:
+            why = "every process reads and writes its checkpoint shards there" if strategy == "fsdp" else \
+                "every process reads the task files and the checkpoint to resume from there"
+            name = "output_dir" if folder == run_dir else "--resume-from's folder"
+            raise TkError(f"{name} {folder} is not one folder shared by all processes: {', '.join(blind)} cannot "
+                          f"see a file rank 0 wrote there; {why}: use a folder on a filesystem every node mounts "
+                          f"(NFS, Lustre, ...)")
 
 
 def _unreadable_last(e: CheckpointReadError, run_dir: Path, command: str) -> TkError:

@@ -226,7 +226,8 @@ class LanguageModelTask(Task):
         return collate_blocks(samples)
 
     def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
-        """Training: random blocks, batch k a pure function of (seed, rank, k) (exact resume)."""
+        """Training: random blocks, the job's batch k a pure function of (seed, k), this process
+        taking its slice (exact resume; N processes train as one with the global batch)."""
         ds = self.build_dataset(split)
         if split != "train":
             return build_loader(ds, spec, self.collate)

@@ -62,17 +62,23 @@ def _probe_worker(rank: int, port: int, queue, folders: list[str]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     D.init_distributed(device="cpu")
     try:
-        queue.put((rank, D.ranks_not_seeing(Path(folders[rank]), wait_s=0.5), sorted(os.listdir(folders[rank]))))
+        try:
+            queue.put((rank, D.ranks_not_seeing(Path(folders[rank]), wait_s=0.5), sorted(os.listdir(folders[rank]))))
+        except TkError as e:
+            queue.put((rank, str(e), None))
     finally:
         D.cleanup()
 
 
-@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("shared", [True, False, "unwritable"])
 def test_ranks_not_seeing_a_folder_that_is_not_shared(tmp_path, shared):
     """Rank 1's output_dir is another folder of the same name (a node-local disk, simulated by
-    another path): both ranks learn that rank 1 cannot see rank 0's files; the probe is removed."""
+    another path): both ranks learn that rank 1 cannot see rank 0's files; the probe is removed.
+    A folder rank 0 cannot write in is an error on both ranks (neither waits for the other)."""
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
+    if shared == "unwritable":
+        a = tmp_path / "missing"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -86,21 +92,24 @@ def test_ranks_not_seeing_a_folder_that_is_not_shared(tmp_path, shared):
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
+    if shared == "unwritable":
+        assert [r[1] for r in results] == [f"cannot write in {a} (No such file or directory)"] * 2
+        return
     blind = [] if shared else [f"rank 1 on {socket.gethostname()}"]
     assert [r[1] for r in results] == [blind, blind]
     assert os.listdir(a) == [] and os.listdir(b) == []
 
 
-def test_a_run_dir_not_shared_is_an_error_for_fsdp_and_resume_and_a_warning_for_ddp(monkeypatch, tmp_path):
-    monkeypatch.setattr(launch, "ranks_not_seeing", lambda folder: ["rank 2 on node-b"])
-    for strategy, resume, need in (("fsdp", False, "writes every process's checkpoint shards"),
-                                   ("ddp", True, "--resume reads the checkpoint on every process")):
+def test_a_run_dir_not_shared_is_one_line_naming_the_ranks(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(launch, "ranks_not_seeing", lambda folder: seen.append(folder) or ["rank 2 on node-b"])
+    for strategy, why in (("fsdp", "every process reads and writes its checkpoint shards there"),
+                          ("ddp", "every process reads the task files and the checkpoint to resume from there")):
         with pytest.raises(TkError, match=f"output_dir {tmp_path} is not one folder shared by all processes: "
-                                          f"rank 2 on node-b cannot see a file rank 0 wrote there; .*{need}"):
-            launch._check_shared_run_dir(tmp_path, strategy, resume, True, print)
-    said = []
-    launch._check_shared_run_dir(tmp_path, "ddp", False, True, said.append)
-    assert len(said) == 1 and said[0].startswith("warning: output_dir") and "--resume auto will need" in said[0]
-    monkeypatch.setattr(launch, "ranks_not_seeing", lambda folder: [])
-    launch._check_shared_run_dir(tmp_path, "fsdp", True, True, said.append)
-    assert len(said) == 1
+                                          f"rank 2 on node-b cannot see a file rank 0 wrote there; {why}: use a folder"):
+            launch._check_shared(tmp_path, None, strategy)
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setattr(launch, "ranks_not_seeing", lambda folder: [] if folder == tmp_path else ["rank 1 on b"])
+    with pytest.raises(TkError, match=f"--resume-from's folder {elsewhere} is not one folder shared"):
+        launch._check_shared(tmp_path, str(elsewhere / "step_00000004.pt"), "ddp")
+    launch._check_shared(tmp_path, None, "ddp")  # the run dir alone is shared: fine
