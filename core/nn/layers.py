@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from tk.core.nn.config import ACTIVATIONS, NORMS
 
@@ -110,26 +109,6 @@ class DropPath(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
-
-
-def draws_random_numbers(module: nn.Module) -> bool:
-    """Whether ``module`` may draw random numbers in training: a dropout or :class:`DropPath`
-    with p > 0, or a float attribute whose name holds "drop" above 0 (an attention dropout
-    probability passed to SDPA, timm's ``DropPath.drop_prob``)."""
-    for m in module.modules():
-        if isinstance(m, (nn.modules.dropout._DropoutNd, DropPath)) and m.p > 0:
-            return True
-        if any("drop" in name and isinstance(value, float) and value > 0 for name, value in vars(m).items()):
-            return True
-    return False
-
-
-def checkpointed(layer: nn.Module, *args, **kwargs) -> Tensor:
-    """``layer(*args, **kwargs)`` with activation checkpointing (recomputed in backward). The
-    RNG state is saved and restored for the recomputation only when the layer draws random
-    numbers (dropout): torch's save costs ~0.3 ms of host time per layer on CUDA, which left a
-    GPT-2-small step on an H200 launch-bound (1.45x instead of 1.30x the time without)."""
-    return checkpoint(layer, *args, use_reentrant=False, preserve_rng_state=draws_random_numbers(layer), **kwargs)
 
 
 class RMSNorm(nn.Module):

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tk.core.nn.attention import KVCache
 from tk.core.nn.config import TransformerConfig
-from tk.core.nn.layers import build_norm, checkpointed
+from tk.core.nn.layers import build_norm
 from tk.core.nn.pos_embed import RotaryEmbedding
 
 
@@ -83,8 +84,7 @@ class TransformerStack(nn.Module):
 
     Activation checkpointing (:meth:`set_grad_checkpointing`): each layer's activations are
     recomputed in backward instead of stored, in training mode with gradients on and no KV
-    cache; dropout draws the same masks in the recomputation (the RNG state is restored for a
-    layer with dropout, :func:`tk.core.nn.layers.checkpointed`).
+    cache; dropout draws the same masks in the recomputation (torch restores the RNG state).
     """
 
     def __init__(self, cfg: TransformerConfig, layer_cls: type[nn.Module], depth: int | None = None) -> None:
@@ -127,7 +127,7 @@ class TransformerStack(nn.Module):
         recompute = self.grad_checkpointing and cache is None and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
             if recompute:
-                x = checkpointed(layer, x, *args, **kwargs)
+                x = checkpoint(layer, x, *args, use_reentrant=False, **kwargs)
             elif cache is None:
                 x = layer(x, *args, **kwargs)
             elif cache.cross_attn is None:

@@ -17,10 +17,11 @@ from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tk.core.nn.blocks import build_attention, build_mlp
 from tk.core.nn.config import ViTConfig
-from tk.core.nn.layers import DropPath, build_norm, checkpointed
+from tk.core.nn.layers import DropPath, build_norm
 from tk.core.nn.pos_embed import resample_pos_embed
 from tk.core.nn.stack import drop_path_rates
 
@@ -236,7 +237,7 @@ class VisionTransformer(nn.Module):
         x = self._position(self.patch_embed(x), grid)
         for block in self.blocks:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpointed(block, x)
+                x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
         return self.norm(x) if self.pooling == "cls" else x
