@@ -42,19 +42,25 @@ def _worker(rank: int, port: int, queue) -> None:
         D.cleanup()
 
 
-def test_two_processes_gloo():
+def run_two(worker, *args) -> list:
+    """``worker(rank, port, queue, *args)`` in 2 spawned processes; what they put, sorted."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=worker, args=(r, port, queue, *args)) for r in range(2)]
     for p in procs:
         p.start()
     results = sorted(queue.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
+    return results
+
+
+def test_two_processes_gloo():
+    results = run_two(_worker)
     assert results == [(0, 2, True, [3.0, 20.0]), (1, 2, False, [3.0, 20.0])]
 
 
@@ -79,19 +85,7 @@ def test_ranks_not_seeing_a_folder_that_is_not_shared(tmp_path, shared):
     a.mkdir(), b.mkdir()
     if shared == "unwritable":
         a = tmp_path / "missing"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    folders = [str(a), str(a if shared else b)]
-    procs = [ctx.Process(target=_probe_worker, args=(r, port, queue, folders)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = run_two(_probe_worker, [str(a), str(a if shared else b)])
     if shared == "unwritable":
         assert [r[1] for r in results] == [f"cannot write in {a} (No such file or directory)"] * 2
         return
