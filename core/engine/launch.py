@@ -201,7 +201,10 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
         if is_main:
             procs = f" ({dist.world_size} processes)" if dist else ""
             echo(f"run dir: {run_dir}{procs}")
-        command = shlex.join(["tk", "run", str(recipe), *overrides])
+        # the command a message suggests again: on one machine, with the same number of processes
+        one_node = dist is not None and os.environ.get("LOCAL_WORLD_SIZE") == str(dist.world_size)
+        procs_flag = ["--nproc-per-node", str(dist.world_size)] if one_node else []
+        command = shlex.join(["tk", "run", str(recipe), *overrides, *procs_flag])
         results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault)
         if dist is not None:  # leave together: a rank tearing gloo down while a peer still uses it can abort
             barrier()

@@ -121,11 +121,29 @@ def save_shards(directory: Path, step: int, state: dict[str, Any], is_main: bool
 
 
 def check_shards(folder: Path) -> None:
-    """Raise a one-line error when ``folder`` is not a complete DCP folder."""
-    if not (Path(folder) / _METADATA).is_file():
+    """Raise a one-line error when ``folder`` is not a complete DCP folder: its ``.metadata``
+    (written last) and every shard file it lists, long enough for the bytes it points to."""
+    folder = Path(folder)
+    if not (folder / _METADATA).is_file():
         raise TkError(f"the checkpoint's shard folder {folder} is missing or incomplete (no {_METADATA}); "
                       f"a sharded checkpoint's .pt needs its shard folder beside it (copy checkpoints/ whole), or "
                       f"use another checkpoint of the run")
+    try:
+        storage = getattr(FileSystemReader(folder).read_metadata(), "storage_data", None) or {}
+    except Exception as e:  # a truncated or foreign pickle
+        raise TkError(f"the checkpoint's shard folder {folder} has a damaged {_METADATA} ({_first_line(e)[:200]}); "
+                      f"use another checkpoint of the run") from None
+    needed: dict[str, int] = {}  # shard file -> bytes the metadata points into
+    for info in storage.values():
+        end = int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0))
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        path = folder / name
+        have = path.stat().st_size if path.is_file() else None
+        if have is None or have < size:
+            what = "is missing" if have is None else f"is truncated ({have} of {size} bytes)"
+            raise TkError(f"the checkpoint's shard folder {folder} is incomplete: {name} {what} (each process "
+                          f"writes one shard file); use another checkpoint of the run")
 
 
 def _first_line(e: BaseException) -> str:

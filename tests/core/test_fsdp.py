@@ -273,6 +273,16 @@ def test_fsdp_checkpoint_resumes_with_another_process_count(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # one process, strategy ddp
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1 and "train.strategy=fsdp" in lines[0], proc.stderr
+    # a shard file lost from the last checkpoint: one line naming it, the intact checkpoints and the
+    # command that continues from the newest, with the same number of processes
+    (three / "checkpoints" / "shards" / "step_00000006" / "__2_0.distcp").unlink()
+    proc = subprocess.run([*cmd[:-2], "train.strategy=fsdp", "train.max_steps=8", "--resume", "--nproc-per-node", "3"],
+                          capture_output=True, text=True, timeout=600)
+    lines = {line for line in proc.stderr.splitlines() if line.startswith("error:")}
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
+    line = lines.pop()
+    assert "__2_0.distcp is missing" in line and "intact checkpoints: " in line, line
+    assert line.endswith(f"train.max_steps=8 --nproc-per-node 3 --resume-from {three / 'checkpoints' / 'step_00000003.pt'}`"), line
 
 
 @pytest.mark.slow

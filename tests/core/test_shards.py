@@ -1,15 +1,19 @@
 """Sharded checkpoints (``tk.core.engine.shards``): DCP folders written by every process of
 an fsdp run, read back sharded by any number of processes or in full by one; their rotation,
-set-aside and damage handling in the checkpoint manager (fake folders: no processes)."""
+set-aside and damage handling in the checkpoint manager (one-process folders: no process group)."""
 
 import os
+import re
 import socket
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint import FileSystemWriter
 
 from tk.core.engine import checkpoint as C
 from tk.core.engine.parallel import full_model_state, wrap_fsdp
@@ -20,10 +24,11 @@ from tk.core.nn.transformer import DecoderOnlyLM
 
 
 def _fake_shards(directory, step):
+    """A real DCP folder of one process (``.metadata`` + ``__0_0.distcp``) holding a small tensor."""
     folder = directory / "shards" / f"step_{step:08d}"
-    folder.mkdir(parents=True)
-    (folder / ".metadata").write_bytes(b"x")
-    (folder / "__0_0.distcp").write_bytes(b"x")
+    with warnings.catch_warnings():  # "no process group": one process writes it, on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": {"w": torch.arange(64.0)}}, storage_writer=FileSystemWriter(folder), no_dist=True)
     return folder
 
 
@@ -57,6 +62,31 @@ def test_a_lost_shard_folder_is_one_line_and_the_file_is_not_intact(tmp_path):
     message = str(err.value)
     assert "\n" not in message and "step_00000002" in message and "another checkpoint" in message
     assert [p.name for p in C.intact_checkpoints(tmp_path)] == ["step_00000001.pt"]
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "metadata"])
+def test_a_shard_folder_missing_a_file_is_one_line(tmp_path, damage):
+    """A shard file lost or cut short (its .metadata intact), or a damaged .metadata: one line naming
+    the file, before any reader or DCP traceback; the checkpoint is not intact."""
+    manager = C.CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2):
+        _save_sharded(manager, step)
+    folder = tmp_path / "shards" / "step_00000002"
+    shard = folder / "__0_0.distcp"
+    if damage == "missing":
+        shard.unlink()
+    elif damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:100])
+    else:
+        (folder / ".metadata").write_bytes(b"not a pickle")
+    expected = {"missing": "is incomplete: __0_0.distcp is missing",
+                "truncated": "is incomplete: __0_0.distcp is truncated (100 of ",
+                "metadata": "has a damaged .metadata"}[damage]
+    with pytest.raises(C.CheckpointReadError, match=re.escape(expected)) as err:
+        C.load_checkpoint(tmp_path / "step_00000002.pt")
+    assert "\n" not in str(err.value) and "another checkpoint" in str(err.value)
+    assert [p.name for p in C.intact_checkpoints(tmp_path)] == ["step_00000001.pt"]
+    assert torch.equal(read_full_model(tmp_path / "shards" / "step_00000001")["w"], torch.arange(64.0))
 
 
 def test_resuming_from_an_older_step_moves_the_later_shards_aside_with_their_files(tmp_path):
