@@ -27,6 +27,7 @@ from tk.core.engine.device import check_logger_packages, preflight
 from tk.core.engine.precision import check_precision
 from tk.core.engine.run_dir import (
     RUN_MARKER,
+    RunDirLock,
     auto_resume_plan,
     check_run_dir,
     drop_set_aside,
@@ -61,20 +62,28 @@ def launch(nproc_per_node: int, tk_args: list[str]) -> int:
     checkpoint and stop); Ctrl-C reaches the workers from the terminal directly.
 
     Returns:
-        torchrun's exit code; 143 (128 + SIGTERM) after a passed-on SIGTERM.
+        torchrun's exit code; 143 (128 + SIGTERM) after a passed-on SIGTERM, 130 (128 +
+        SIGINT) when a Ctrl-C stopped the job (torchrun itself exits 1 then).
     """
-    proc = subprocess.Popen(launch_command(nproc_per_node, tk_args))
-    forwarded = []
+    forwarded, interrupted = [], []
+    # the terminal's Ctrl-C reaches torchrun and the workers too: only remember it here
+    old_int = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
+    try:
+        proc = subprocess.Popen(launch_command(nproc_per_node, tk_args))
+    except BaseException:
+        signal.signal(signal.SIGINT, old_int)
+        raise
 
     def forward(signum, _frame):
         forwarded.append(signum)
         proc.send_signal(signum)
 
     old_term = signal.signal(signal.SIGTERM, forward)
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         code = proc.wait()
-        return 128 + forwarded[0] if forwarded else code
+        if forwarded:
+            return 128 + forwarded[0]
+        return 128 + signal.SIGINT if interrupted and code != 0 else code
     finally:
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
@@ -164,6 +173,7 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
     fault = _fault_hook()
     cfg, task_cls = load_config(recipe, list(overrides))
     dist = _init_distributed(cfg.train.device)
+    lock = RunDirLock()  # held by the process that prepares the run dir, until this returns
     try:
         # device and precision problems, before anything is written
         problem = check_precision(cfg.train.precision, dist.device) if dist is not None else None
@@ -183,12 +193,14 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
         existed = _exists(Path(cfg.output_dir))
 
         def prepare() -> tuple[Path, bool]:
+            lock.acquire(Path(cfg.output_dir))  # a live run there: refused before anything moves
             plan = auto_resume_plan(cfg.output_dir) if auto else None
             resuming = plan == "resume" if auto else bool(resume)
             run_dir = prepare_run_dir(cfg.output_dir, resume=resuming, overwrite=overwrite or plan == "restart")
             try:
                 if not resuming:
                     write_run_marker(run_dir)
+                    lock.acquire(run_dir)  # the new run's own marker
                     (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
             except OSError as e:
                 _discard_new_run(run_dir, existed)
@@ -210,6 +222,7 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
             barrier()
         return results
     finally:
+        lock.release()
         if dist is not None:
             cleanup()
 

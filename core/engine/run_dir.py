@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import uuid
 import warnings
 from datetime import datetime, timezone
@@ -15,8 +16,13 @@ from typing import Literal
 import tk
 from tk.core.errors import TkError
 
+if sys.platform != "win32":
+    import fcntl
+else:  # no flock: runs on Windows are not locked
+    fcntl = None
+
 __all__ = ["RUN_MARKER", "unusable_dir", "is_run_dir", "write_run_marker", "check_run_dir", "auto_resume_plan",
-           "prepare_run_dir", "set_aside_path", "drop_set_aside"]
+           "prepare_run_dir", "set_aside_path", "drop_set_aside", "RunDirLock"]
 
 RUN_MARKER = ".tk-run"  # written by tk into every run dir it creates; --overwrite deletes nothing else
 
@@ -148,3 +154,51 @@ def drop_set_aside(run_dir: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
     if aside.exists():
         warnings.warn(f"could not delete the overwritten run {aside}; delete it by hand", stacklevel=2)
+
+
+class RunDirLock:
+    """An exclusive lock on a run dir while one ``tk run`` uses it, so that a second run (a
+    ``--resume`` typed while workers of a killed launcher still train, say) cannot move or
+    overwrite its checkpoints. It is ``flock`` on the run's marker file (nothing is written);
+    the OS releases it however the holding process ends, SIGKILL included."""
+
+    def __init__(self) -> None:
+        self._file = None
+
+    def acquire(self, run_dir: Path) -> None:
+        """Hold the lock of ``run_dir`` (released first if another one was held); nothing when
+        the folder has no marker or its file system cannot lock.
+
+        Raises:
+            TkError: another process holds it (names its pid and host from ``status.json``).
+        """
+        marker = Path(run_dir) / RUN_MARKER
+        if fcntl is None or not marker.is_file():
+            return
+        file = open(marker, "rb")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.close()
+            raise TkError(f"{run_dir} is in use by another tk run{_holder(Path(run_dir))}: wait for it to end or "
+                          f"stop it, then run this again") from None
+        except OSError:  # e.g. a file system without locks: run unlocked, as before locks existed
+            file.close()
+            return
+        self.release()
+        self._file = file
+
+    def release(self) -> None:
+        """Let the run dir go (also at the process's end, by the OS)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _holder(run_dir: Path) -> str:
+    """" (pid N on HOST)" from the run's ``status.json``, if it says."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
+        return f" (pid {int(status['pid'])} on {status['host']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""

@@ -90,5 +90,6 @@ def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
     rng = state["rng"]
     if len(rng) != t.world_size:
         t.log.echo(f"note: the checkpoint comes from {len(rng)} process(es), this run has "
-                   f"{t.world_size}; random numbers will not match an uninterrupted run")
+                   f"{t.world_size}; random numbers will not match an uninterrupted run, and the global batch "
+                   f"(train.batch_size x train.grad_accum x processes) changes unless you scale train.batch_size")
     restore_rng_state(rng[t.rank % len(rng)])

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import tk
 from tk.core.cli import cli
+from tk.core.engine.run_dir import RunDirLock
 from tk.core.errors import TkError
 
 from ..conftest import make_distribution
@@ -320,3 +321,26 @@ def test_damaged_last_checkpoint_names_the_intact_ones_and_resume_from_continues
     from tk.core.engine.checkpoint import load_checkpoint
 
     assert load_checkpoint(last)["step"] == 6  # last.pt written afresh
+
+
+def test_a_run_dir_in_use_is_refused_and_released_however_its_run_ends(toy_site, toy_recipe, tmp_path):
+    """While a run holds its run dir (flock on the marker), --resume, --resume auto and --overwrite
+    there are one line naming its pid and host, and nothing moves; a SIGKILLed holder frees it."""
+    run_dir = tmp_path / "run"
+    assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", *FAST).exit_code == 0
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    status = json.loads((run_dir / "status.json").read_text())
+    held = RunDirLock()
+    held.acquire(run_dir)  # another run (the lock is per open file, so this process can stand in)
+    for extra in (["--resume"], ["--resume", "auto"], ["--overwrite"]):
+        result = CliRunner().invoke(cli, ["run", str(toy_recipe), f"output_dir={run_dir}", "train.max_steps=8",
+                                          *extra])
+        assert result.exit_code == 2, (extra, result.output)
+        assert result.stderr == (f"error: {run_dir} is in use by another tk run (pid {status['pid']} on "
+                                 f"{status['host']}): wait for it to end or stop it, then run this again\n")
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
+    held.release()
+    code = ("import os, sys; from pathlib import Path; from tk.core.engine.run_dir import RunDirLock; "
+            "RunDirLock().acquire(Path(sys.argv[1])); os.kill(os.getpid(), 9)")
+    assert subprocess.run([sys.executable, "-c", code, str(run_dir)]).returncode == -9
+    assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", "train.max_steps=8", "--resume").exit_code == 0
