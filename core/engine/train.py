@@ -296,6 +296,8 @@ class Trainer:
         path = None if self.checkpoints is None else \
             self.checkpoints.save(state, step=self.step, metric=metric, mode=self.best.mode)
         self._saved_step = self.step
+        if path is not None:  # `tk runs` shows how far a running (or killed) run got
+            self._status("running")
         return path
 
     # -- the loop --------------------------------------------------------------------

@@ -3,6 +3,7 @@ scaling, non-finite steps, EMA, overfit mode, early stopping, grad checkpointing
 crash-safe checkpoints (toy tasks from conftest, a few seconds each)."""
 
 import copy
+import json
 import re
 from collections import Counter
 
@@ -254,3 +255,15 @@ def test_grad_checkpointing_of_the_core_vit_saves_activation_memory_with_equal_g
     assert measured[1] < 0.5 * measured[0]
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+def test_status_json_follows_the_checkpoints_of_a_running_run(toy_site, tmp_path):
+    """status.json says "running" at the step of the last checkpoint (`tk runs` of a live or killed run)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    t = make_trainer(tmp_path, "toy", ["train.max_steps=6"], run_dir=run_dir)
+    for _ in range(3):
+        t.train_step()
+    t.save_checkpoint()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["status"], status["step"], status["total_steps"]) == ("running", 3, 6)
