@@ -173,9 +173,12 @@ class RunDirLock:
             TkError: another process holds it (names its pid and host from ``status.json``).
         """
         marker = Path(run_dir) / RUN_MARKER
-        if fcntl is None or not marker.is_file():
+        try:
+            file = open(marker, "rb") if fcntl is not None else None
+        except OSError:  # no marker, or an unusable path: nothing to lock (the run dir checks say why)
             return
-        file = open(marker, "rb")
+        if file is None:
+            return
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,8 +1,7 @@
 """The training engine: the one loop every task runs through.
 
-The task supplies data, model, loss and metrics (``tk.core.task.Task``); this module
-owns devices, precision, gradient accumulation, clipping, the LR schedule, EMA,
-evaluation, checkpoints, resume and logging.
+The task supplies data, model, loss and metrics (``tk.core.task.Task``); this module owns devices,
+precision, gradient accumulation, clipping, the LR schedule, EMA, evaluation, checkpoints, resume and logging.
 
 One update's stages are :meth:`Trainer.train_step` (gradient arithmetic in
 ``tk.core.engine.update``); what a checkpoint holds is ``tk.core.engine.trainer_state``.
@@ -285,8 +284,7 @@ class Trainer:
         self.log.echo(f"resumed from {path} at step {self.step}")
 
     def save_checkpoint(self, metric: float | None = None) -> Path | None:
-        """Save the state as the checkpoint of the current step (rank 0 writes; every
-        process must call it). ``metric`` competes for ``best.pt``."""
+        """Save the current step's checkpoint (rank 0 writes; all call it); ``metric`` competes for ``best.pt``."""
         state = self.state_dict()
         shards = state.pop("shards", None)
         if shards is not None and self.run_dir is not None:  # fsdp: every process writes its shards
