@@ -172,12 +172,11 @@ class RunDirLock:
         Raises:
             TkError: another process holds it (names its pid and host from ``status.json``).
         """
-        marker = Path(run_dir) / RUN_MARKER
-        try:
-            file = open(marker, "rb") if fcntl is not None else None
-        except OSError:  # no marker, or an unusable path: nothing to lock (the run dir checks say why)
+        if fcntl is None:
             return
-        if file is None:
+        try:
+            file = open(Path(run_dir) / RUN_MARKER, "rb")
+        except OSError:  # no marker, or an unusable path: nothing to lock (the run dir checks say why)
             return
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
