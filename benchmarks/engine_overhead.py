@@ -14,7 +14,7 @@ Target: engine >= 0.98x the bare loop.
 
 Also measured on the model's real gradients, per update: the cost of the global
 gradient norm (``torch._foreach_norm``), of one host sync (``.tolist()``), of the
-engine's norms-with-the-loss sync (``tk.core.engine.update``) and of its one in-place
+engine's norms-with-the-loss sync (``tk.core.training.update``) and of its one in-place
 scale/clip multiply (done only when the factor is not 1), as a share of the bare step time.
 
     python benchmarks/engine_overhead.py --quick   # smoke run (about a minute on 2 CPU cores)

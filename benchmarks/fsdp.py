@@ -37,10 +37,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from tk.core.engine.parallel import wrap_fsdp
-from tk.core.engine.update import grad_norms, normalise_and_clip_
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.transformer import DecoderOnlyLM
+from tk.core.training.parallel import wrap_fsdp
+from tk.core.training.update import grad_norms, normalise_and_clip_
 
 VOCAB, SEQ = 256, 64
 

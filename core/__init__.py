@@ -46,13 +46,13 @@ _EXPORTS: dict[str, str] = {
     "DistillConfig": "distill", "distillation_loss": "distill", "load_teacher_run": "distill",
     "TeacherLogitsCache": "distill",
     "OptimConfig": "optim", "build_optimizer": "optim", "ScheduleConfig": "schedule",
-    "build_scheduler": "schedule", "ModelEMA": "engine.ema", "Precision": "engine.precision",
-    "CheckpointManager": "engine.checkpoint", "save_checkpoint": "engine.checkpoint", "export_safetensors": "engine.export", "average_checkpoints": "engine.export", "load_checkpoint": "engine.checkpoint",
+    "build_scheduler": "schedule", "ModelEMA": "training.ema", "Precision": "training.precision",
+    "CheckpointManager": "run.checkpoint", "save_checkpoint": "run.checkpoint", "export_safetensors": "exchange.export", "average_checkpoints": "exchange.export", "load_checkpoint": "run.checkpoint",
     # the run lifecycle, task files, evaluation context, metrics, loading runs
-    "EvalContext": "step", "TaskFiles": "artifacts", "assemble": "engine.assemble", "AssembledRun": "engine.assemble",
-    "MetricCollection": "metrics", "param_groups": "optim", "move_to_device": "engine.device",
+    "EvalContext": "step", "TaskFiles": "artifacts", "assemble": "training.assemble", "AssembledRun": "training.assemble",
+    "MetricCollection": "metrics", "param_groups": "optim", "move_to_device": "training.device",
     "load_run": "engine.inference", "evaluate_run": "engine.inference", "average_run": "engine.inference",
-    "TrainingInterrupted": "engine.signals",
+    "TrainingInterrupted": "training.signals",
     "main_process_first": "distributed", "is_main_process": "distributed",
     # prediction, plugin discovery, config docs
     "predict_run": "engine.inference", "discover_commands": "registry", "field_docs": "cli.docs",

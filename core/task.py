@@ -4,7 +4,7 @@ A task supplies what differs between jobs (data, model, loss, metrics, predictio
 the engine in ``tk.core.engine`` owns everything else (devices, precision, gradient
 accumulation, clipping, schedules, checkpoints, logging, distribution).
 
-Every command builds a task in one order (``tk.core.engine.assemble``):
+Every command builds a task in one order (``tk.core.training.assemble``):
 construct ``Task(cfg, run_dir)`` -> ``load_state_dict`` (resume, eval, predict, average)
 -> ``setup(resume=...)`` -> data -> ``build_model`` -> ``init_pretrained`` (fresh
 training runs only). See ``docs/plugins.md`` for which hook runs in which command.

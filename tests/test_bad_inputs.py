@@ -161,7 +161,7 @@ def read_only_dir(d: Path, _mp) -> None:
 
 
 def disk_full_on_second_save(_d: Path, mp: pytest.MonkeyPatch) -> None:
-    import tk.core.engine.checkpoint as ckpt
+    import tk.core.run.checkpoint as ckpt
 
     real, calls = ckpt.torch.save, []
 

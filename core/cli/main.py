@@ -126,9 +126,9 @@ def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     """Check a recipe (schema, cross-field rules, a pretrained source, the device and
     precision on this machine) without running it; everything `tk run` checks except the data."""
-    from tk.core.engine.device import preflight
     from tk.core.errors import TkError
     from tk.core.recipe import load_config
+    from tk.core.training.device import preflight
 
     cfg, task_cls = load_config(recipe, list(overrides))
     problems = task_cls.check_fresh_run(cfg)
@@ -183,7 +183,7 @@ def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume:
     one if the dir is empty or absent (or holds a run stopped before its first checkpoint).
     """
     from tk.core.engine.launch import auto_resume_plan, check_run_dir, launch, run_training
-    from tk.core.engine.signals import TrainingInterrupted
+    from tk.core.training.signals import TrainingInterrupted
 
     if resume_auto and (resume or overwrite or resume_from):
         raise click.UsageError("--resume auto excludes --resume, --resume-from and --overwrite; pick one")

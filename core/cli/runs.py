@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from tk.core.engine.loggers import read_records, scalars
-from tk.core.engine.run_dir import RUN_MARKER
-from tk.core.engine.runlog import STATUS_FILE, format_duration
 from tk.core.errors import TkError
+from tk.core.run.loggers import read_records, scalars
+from tk.core.run.run_dir import RUN_MARKER
+from tk.core.run.runlog import STATUS_FILE, format_duration
 
 __all__ = ["find_runs", "describe_run", "list_runs", "format_runs"]
 

@@ -26,7 +26,7 @@ def plot_cmd(runs: tuple[str, ...], metrics: str | None, x_axis: str, output: st
     tk plot runs/quickstart
     tk plot runs/a runs/b --metrics val/top1,train/loss --x time -o compare.png
     """
-    from tk.core.engine.curves import plot_runs
+    from tk.core.run.curves import plot_runs
 
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     fig = plot_runs(list(runs), names, x_axis, output)

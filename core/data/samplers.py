@@ -4,7 +4,7 @@ iteration-based training.
 Both are *resumable*: their batches are a pure function of a seed and a position (epoch
 and batch number), and ``load_state_dict`` moves them to a position without producing
 the batches before it, so the engine resumes without loading consumed data (see
-``tk.core.engine.batches.BatchStream``). The protocol, shared with the item samplers of
+``tk.core.training.batches.BatchStream``). The protocol, shared with the item samplers of
 ``tk.core.data.loader``: attributes ``epoch`` and ``start`` (batches skipped at the
 beginning of the next pass), ``set_epoch(epoch)`` (a fresh pass) and
 ``state_dict()`` / ``load_state_dict({"epoch": e, "batch": k})``.

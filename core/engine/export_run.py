@@ -1,8 +1,8 @@
 """``tk export``: a finished run's model in another format, with a model card beside it.
 
 Formats: ``safetensors`` (the state dict + the task files), ``hf`` (a transformers folder,
-:mod:`tk.core.engine.export_hf`), ``timm`` (:mod:`tk.core.engine.export_timm`),
-``torch-export`` (a ``.pt2`` program) and ``onnx`` (:mod:`tk.core.engine.export_graph`).
+:mod:`tk.core.exchange.export_hf`), ``timm`` (:mod:`tk.core.exchange.export_timm`),
+``torch-export`` (a ``.pt2`` program) and ``onnx`` (:mod:`tk.core.exchange.export_graph`).
 Everything is written into a temporary folder first and moved into place at the end, so a
 failed export leaves nothing behind.
 """
@@ -19,13 +19,13 @@ from typing import Any, Callable
 import torch
 
 import tk
-from tk.core.engine.export import export_safetensors
-from tk.core.engine.export_graph import example_inputs, export_onnx, export_program
-from tk.core.engine.export_hf import hf_export, write_hf_folder
-from tk.core.engine.export_timm import timm_export, timm_load_code
 from tk.core.engine.inference import load_run_source
-from tk.core.engine.loggers import read_records
 from tk.core.errors import TkError
+from tk.core.exchange.export import export_safetensors
+from tk.core.exchange.export_graph import example_inputs, export_onnx, export_program
+from tk.core.exchange.export_hf import hf_export, write_hf_folder
+from tk.core.exchange.export_timm import timm_export, timm_load_code
+from tk.core.run.loggers import read_records
 
 __all__ = ["FORMATS", "export_run", "checkpoint_metrics"]
 

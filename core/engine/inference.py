@@ -1,5 +1,5 @@
 """Rebuild a trained run (task + model) from its run directory, for eval and predict; and the
-plugins' way to start a new run from a finished one (re-exported from :mod:`tk.core.engine.pretrained`)."""
+plugins' way to start a new run from a finished one (re-exported from :mod:`tk.core.exchange.pretrained`)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from tk.core.data.loader import LoaderSpec
-from tk.core.engine.assemble import assemble
-from tk.core.engine.batches import loader_length
-from tk.core.engine.checkpoint import (
-    load_checkpoint,
-    load_model_state,
-    save_checkpoint,
-)
-from tk.core.engine.device import resolve_device
-from tk.core.engine.evaluate import evaluate_loader
-from tk.core.engine.export import average_checkpoints, export_safetensors
-from tk.core.engine.precision import Precision
 from tk.core.engine.predict import predict_batches
-from tk.core.engine.pretrained import (
+from tk.core.errors import TkError
+from tk.core.exchange.export import average_checkpoints, export_safetensors
+from tk.core.exchange.pretrained import (
     RECORD_FILE,
     TRANSFORMER_SHAPE_KEYS,
     SourceRun,
@@ -35,15 +26,24 @@ from tk.core.engine.pretrained import (
     shape_conflicts,
     write_record,
 )
-from tk.core.errors import TkError
 from tk.core.nn.lora import has_lora, merge_lora
 from tk.core.recipe import load_config
+from tk.core.run.checkpoint import (
+    load_checkpoint,
+    load_model_state,
+    save_checkpoint,
+)
 from tk.core.step import EvalContext
 from tk.core.task import Task
+from tk.core.training.assemble import assemble
+from tk.core.training.batches import loader_length
+from tk.core.training.device import resolve_device
+from tk.core.training.evaluate import evaluate_loader
+from tk.core.training.precision import Precision
 
 __all__ = ["average_run", "evaluate_run", "load_run", "load_run_source", "predict_run", "resolve_checkpoint",
            "step_checkpoints",
-           # a run as a pretrained source (tk.core.engine.pretrained), for the plugins' setup/init_pretrained
+           # a run as a pretrained source (tk.core.exchange.pretrained), for the plugins' setup/init_pretrained
            "RECORD_FILE", "TRANSFORMER_SHAPE_KEYS", "SourceRun", "adopt_shape", "load_backbone", "open_source",
            "read_record", "shape_conflicts", "write_record"]
 
@@ -134,7 +134,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides: list[str]
              ema: bool | None = None, weights: str | None = None,
              average_last: int | None = None) -> tuple[Task, nn.Module]:
     """The task and model of a finished (or interrupted) run, model in eval mode, built
-    in the documented order (``tk.core.engine.assemble``, mode "predict").
+    in the documented order (``tk.core.training.assemble``, mode "predict").
 
     Args:
         run_dir: a directory written by ``tk run`` (holds ``config.yaml``, ``checkpoints/``),

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from tk.core.distributed import barrier, cleanup, init_distributed, ranks_not_seeing
-from tk.core.engine.checkpoint import CheckpointReadError, intact_checkpoints
-from tk.core.engine.device import check_logger_packages, preflight
-from tk.core.engine.precision import check_precision
-from tk.core.engine.run_dir import (
+from tk.core.engine.train import Trainer
+from tk.core.errors import RunError, TkError
+from tk.core.recipe import load_config
+from tk.core.run.checkpoint import CheckpointReadError, intact_checkpoints
+from tk.core.run.run_dir import (
     RUN_MARKER,
     RunDirLock,
     auto_resume_plan,
@@ -37,10 +38,9 @@ from tk.core.engine.run_dir import (
     unusable_dir,
     write_run_marker,
 )
-from tk.core.engine.signals import TrainingInterrupted
-from tk.core.engine.train import Trainer
-from tk.core.errors import RunError, TkError
-from tk.core.recipe import load_config
+from tk.core.training.device import check_logger_packages, preflight
+from tk.core.training.precision import check_precision
+from tk.core.training.signals import TrainingInterrupted
 
 __all__ = ["RUN_MARKER", "FAULT_ENV", "is_run_dir", "write_run_marker", "check_run_dir", "auto_resume_plan",
            "prepare_run_dir", "set_aside_path", "drop_set_aside", "launch_command", "launch", "run_training"]

@@ -10,27 +10,12 @@ import torch
 from torch import nn
 
 from tk.core.data.loader import LoaderSpec
-from tk.core.engine.assemble import assemble
-from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
-from tk.core.engine.precision import Precision
+from tk.core.run.runlog import count_parameters, format_bytes
+from tk.core.training.assemble import assemble
+from tk.core.training.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
+from tk.core.training.precision import Precision
 
-__all__ = ["count_parameters", "format_bytes", "ActivationMeter", "module_output_shapes", "format_shapes",
-           "recipe_summary"]
-
-
-def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(all parameters, trainable parameters); a parameter shared by two modules counts once."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
-
-
-def format_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
+__all__ = ["ActivationMeter", "module_output_shapes", "format_shapes", "recipe_summary"]
 
 
 class ActivationMeter:

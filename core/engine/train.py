@@ -4,7 +4,7 @@ The task supplies data, model, loss and metrics (``tk.core.task.Task``); this mo
 precision, gradient accumulation, clipping, the LR schedule, EMA, evaluation, checkpoints, resume and logging.
 
 One update's stages are :meth:`Trainer.train_step` (gradient arithmetic in
-``tk.core.engine.update``); what a checkpoint holds is ``tk.core.engine.trainer_state``.
+``tk.core.training.update``); what a checkpoint holds is ``tk.core.engine.trainer_state``.
 """
 
 from __future__ import annotations
@@ -20,26 +20,31 @@ from torch import nn
 
 from tk.core.config import RunConfig
 from tk.core.distributed import agreed_log_keys, main_process_first
-from tk.core.engine.assemble import assemble
-from tk.core.engine.best import BestTracker
-from tk.core.engine.build import batch_stream, check_best_metric, prepare_teacher, run_loaders, split_loader
-from tk.core.engine.checkpoint import CheckpointManager, read_resume_checkpoint
-from tk.core.engine.curves import CurvesWriter
-from tk.core.engine.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
-from tk.core.engine.ema import ModelEMA
-from tk.core.engine.evaluate import evaluate_loader
-from tk.core.engine.export import export_safetensors
-from tk.core.engine.loggers import open_loggers
-from tk.core.engine.parallel import autocast_needed, full_model_state, gathered, gradient_sync, is_fsdp, wrap_model
-from tk.core.engine.precision import Precision
-from tk.core.engine.progress import RunProgress, eval_due
-from tk.core.engine.rng import preserved_rng
-from tk.core.engine.runlog import ProgressBar, RunLog, Throughput, run_summary, train_line, train_record
-from tk.core.engine.shards import SHARDS_KEY, save_shards
-from tk.core.engine.signals import StopRequest, TrainingInterrupted, stop_signals
-from tk.core.engine.summary import ActivationMeter, format_bytes
+from tk.core.engine.summary import ActivationMeter
 from tk.core.engine.trainer_state import load_trainer_state, trainer_state
-from tk.core.engine.update import (
+from tk.core.errors import TkError
+from tk.core.exchange.export import export_safetensors
+from tk.core.optim import build_optimizer
+from tk.core.run.checkpoint import CheckpointManager, read_resume_checkpoint
+from tk.core.run.curves import CurvesWriter
+from tk.core.run.loggers import open_loggers
+from tk.core.run.rng import preserved_rng
+from tk.core.run.runlog import ProgressBar, RunLog, Throughput, format_bytes, run_summary, train_line, train_record
+from tk.core.run.shards import SHARDS_KEY, save_shards
+from tk.core.schedule import build_scheduler
+from tk.core.step import EvalContext, StepOutput
+from tk.core.task import Task
+from tk.core.training.assemble import assemble
+from tk.core.training.best import BestTracker
+from tk.core.training.build import batch_stream, check_best_metric, prepare_teacher, run_loaders, split_loader
+from tk.core.training.device import enable_grad_checkpointing, move_to_device, resolve_device, seed_everything
+from tk.core.training.ema import ModelEMA
+from tk.core.training.evaluate import evaluate_loader
+from tk.core.training.parallel import autocast_needed, full_model_state, gathered, gradient_sync, is_fsdp, wrap_model
+from tk.core.training.precision import Precision
+from tk.core.training.progress import RunProgress, eval_due
+from tk.core.training.signals import StopRequest, TrainingInterrupted, stop_signals
+from tk.core.training.update import (
     Synced,
     UpdateSums,
     first_non_finite,
@@ -47,11 +52,6 @@ from tk.core.engine.update import (
     step_or_skip,
     sync_to_host,
 )
-from tk.core.errors import TkError
-from tk.core.optim import build_optimizer
-from tk.core.schedule import build_scheduler
-from tk.core.step import EvalContext, StepOutput
-from tk.core.task import Task
 
 __all__ = ["Trainer"]
 

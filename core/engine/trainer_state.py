@@ -9,26 +9,57 @@ numbers as an uninterrupted one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from tk.core.config import config_diff
-from tk.core.engine.checkpoint import load_resumed_model
-from tk.core.engine.parallel import is_fsdp, load_full_training_state
-from tk.core.engine.rng import gather_rng_states, restore_rng_state
-from tk.core.engine.shards import SHARDS_KEY, load_shards, sharded_training_state
+import torch
+from torch import nn
+
+from tk.core.config import RunConfig, TrainConfig, config_diff
 from tk.core.errors import TkError
+from tk.core.run.checkpoint import load_resumed_model
+from tk.core.run.rng import gather_rng_states, restore_rng_state
+from tk.core.run.runlog import RunLog
+from tk.core.run.shards import SHARDS_KEY, load_shards, sharded_training_state
+from tk.core.task import Task
+from tk.core.training.batches import BatchStream, FixedBatches
+from tk.core.training.best import BestTracker
+from tk.core.training.ema import ModelEMA
+from tk.core.training.parallel import is_fsdp, load_full_training_state
+from tk.core.training.precision import Precision
+from tk.core.training.progress import RunProgress
 
-if TYPE_CHECKING:
-    from tk.core.engine.train import Trainer
-
-__all__ = ["trainer_state", "load_trainer_state"]
+__all__ = ["Resumable", "trainer_state", "load_trainer_state"]
 
 
-def trainer_state(trainer: Trainer) -> dict[str, Any]:
+class Resumable(Protocol):
+    """The parts of a :class:`~tk.core.engine.train.Trainer` that a checkpoint holds or
+    restores (named here, not imported, so this module does not import the loop)."""
+
+    cfg: RunConfig
+    tcfg: TrainConfig
+    task: Task
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # an LRScheduler
+    precision: Precision
+    ema: ModelEMA | None
+    batches: BatchStream | FixedBatches
+    counts: RunProgress
+    best: BestTracker
+    log: RunLog
+    step: int
+    rank: int
+    world_size: int
+
+    @property
+    def progress(self) -> dict[str, Any]: ...
+
+
+def trainer_state(trainer: Resumable) -> dict[str, Any]:
     """Everything a resume needs. Collective when distributed: call on every process.
 
     A sharded (fsdp) model's weights and optimiser state are this process's shards under
-    ``"shards"`` (:func:`~tk.core.engine.shards.save_shards` writes them), not ``"model"``
+    ``"shards"`` (:func:`~tk.core.run.shards.save_shards` writes them), not ``"model"``
     and ``"optimizer"``."""
     t = trainer
     rng = gather_rng_states(t.world_size)
@@ -44,7 +75,7 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
+def load_trainer_state(trainer: Resumable, state: dict[str, Any]) -> None:
     """Restore :func:`trainer_state` (all but the task state, which the assembly restored
     before set-up).
 

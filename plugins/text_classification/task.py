@@ -24,16 +24,16 @@ from tk.core.engine.inference import (
     write_record,
 )
 from tk.core.errors import TkError
-from tk.core.losses import cross_entropy_sum
-from tk.core.metrics import Metric
-from tk.core.nn.config import TransformerConfig
-from tk.core.nn.convert_bert import (
+from tk.core.exchange.convert_bert import (
     bert_config,
     is_hub_id,
     load_bert_weights,
     read_bert_config,
     resolve_pretrained_dir,
 )
+from tk.core.losses import cross_entropy_sum
+from tk.core.metrics import Metric
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput

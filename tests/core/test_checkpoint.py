@@ -1,4 +1,4 @@
-"""Tests for tk.core.engine.checkpoint: round trip with RNG, atomicity under a crash, rotation,
+"""Tests for tk.core.run.checkpoint: round trip with RNG, atomicity under a crash, rotation,
 mismatch messages, averaging by hand, safetensors export of tied weights."""
 
 import random
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from tk.core.engine import checkpoint as C
-from tk.core.engine.export import average_checkpoints, export_safetensors
 from tk.core.errors import TkError
+from tk.core.exchange.export import average_checkpoints, export_safetensors
 
 
 def _draws():

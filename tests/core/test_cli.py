@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 import tk
 from tk.core.cli import cli
-from tk.core.engine.run_dir import RunDirLock
 from tk.core.errors import TkError
+from tk.core.run.run_dir import RunDirLock
 
 from ..conftest import make_distribution
 
@@ -239,7 +239,7 @@ def _fail_in_evaluate(monkeypatch) -> None:
 def _disk_full(monkeypatch, at_save: int = 1) -> None:
     import errno
 
-    import tk.core.engine.checkpoint as ckpt
+    import tk.core.run.checkpoint as ckpt
 
     real, calls = ckpt.torch.save, []
 
@@ -318,7 +318,7 @@ def test_damaged_last_checkpoint_names_the_intact_ones_and_resume_from_continues
     result = CliRunner().invoke(cli, [*args[:3], "train.max_steps=6", "--resume-from", str(step4)])
     assert result.exit_code == 0, result.output
     assert [r["step"] for r in read_metrics(run_dir) if r["split"] == "val"] == [2, 4, 6]
-    from tk.core.engine.checkpoint import load_checkpoint
+    from tk.core.run.checkpoint import load_checkpoint
 
     assert load_checkpoint(last)["step"] == 6  # last.pt written afresh
 
@@ -340,7 +340,7 @@ def test_a_run_dir_in_use_is_refused_and_released_however_its_run_ends(toy_site,
                                  f"{status['host']}): wait for it to end or stop it, then run this again\n")
     assert sorted(p.name for p in run_dir.rglob("*")) == before
     held.release()
-    code = ("import os, sys; from pathlib import Path; from tk.core.engine.run_dir import RunDirLock; "
+    code = ("import os, sys; from pathlib import Path; from tk.core.run.run_dir import RunDirLock; "
             "RunDirLock().acquire(Path(sys.argv[1])); os.kill(os.getpid(), 9)")
     assert subprocess.run([sys.executable, "-c", code, str(run_dir)]).returncode == -9
     assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", "train.max_steps=8", "--resume").exit_code == 0

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from tk.core.data.loader import DistributedEpochSampler, LoaderSpec, build_loader
-from tk.core.engine.batches import BatchStream
+from tk.core.training.batches import BatchStream
 
 
 def test_shuffle_order_is_a_function_of_seed_and_epoch():

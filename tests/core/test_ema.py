@@ -1,10 +1,10 @@
-"""Tests for tk.core.engine.ema: the average vs hand computation, decay warmup, buffers, state."""
+"""Tests for tk.core.training.ema: the average vs hand computation, decay warmup, buffers, state."""
 
 import pytest
 import torch
 from torch import nn
 
-from tk.core.engine.ema import ModelEMA
+from tk.core.training.ema import ModelEMA
 
 
 def _model():

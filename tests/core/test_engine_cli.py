@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from tk.core.cli import cli
 from tk.core.engine import launch as launch_module
-from tk.core.engine.checkpoint import load_checkpoint
+from tk.core.run.checkpoint import load_checkpoint
 
 
 def invoke(*args: str):

@@ -22,15 +22,15 @@ from torch import nn
 
 from tk.core.cli import cli
 from tk.core.config import TrainConfig, check_core_rules
-from tk.core.engine.checkpoint import load_checkpoint
-from tk.core.engine.parallel import block_lists, full_model_state, gathered, shard_blocks, wrap_fsdp
-from tk.core.engine.shards import SHARDS_KEY, read_full_model
-from tk.core.engine.update import grad_norms, normalise_and_clip_
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig, ViTConfig
 from tk.core.nn.transformer import DecoderOnlyLM
 from tk.core.nn.vit import VisionTransformer
 from tk.core.optim import OptimConfig
+from tk.core.run.checkpoint import load_checkpoint
+from tk.core.run.shards import SHARDS_KEY, read_full_model
+from tk.core.training.parallel import block_lists, full_model_state, gathered, shard_blocks, wrap_fsdp
+from tk.core.training.update import grad_norms, normalise_and_clip_
 
 ROOT = Path(__file__).resolve().parents[2]
 

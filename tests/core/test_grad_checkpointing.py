@@ -11,7 +11,6 @@ from torch import Tensor, nn
 
 import tk.core.nn.stack as stack_module
 from tk.core.cli import cli
-from tk.core.engine.device import enable_grad_checkpointing
 from tk.core.errors import TkError
 from tk.core.nn.blocks import DecoderLayer, DecoderOnlyLayer, EncoderLayer
 from tk.core.nn.config import TransformerConfig
@@ -19,6 +18,7 @@ from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder, TransformerDecoder, TransformerEncoder
 from tk.core.nn.vit import Block, VisionTransformer
+from tk.core.training.device import enable_grad_checkpointing
 
 B, T, D, V = 4, 6, 16, 23
 LAYERS = (EncoderLayer, DecoderLayer, DecoderOnlyLayer, Block)

@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 
 from tk.core import TkError
 from tk.core.cli import cli
-from tk.core.engine.checkpoint import load_checkpoint
 from tk.core.engine.train import Trainer
 from tk.core.recipe import load_config
+from tk.core.run.checkpoint import load_checkpoint
 
 from ..conftest import make_distribution
 from .toy_text import FETCH_LOG

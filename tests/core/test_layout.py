@@ -1,7 +1,17 @@
-"""The layers of tk.core, checked by walking every module's imports (module-level and the
-lazy ones inside functions): the contract, config, model parts, data and text never reach
-into the engine or the command line, core has no import cycle, and plugins use the engine
-only through the finished-run API (``tk.core.engine.inference``)."""
+"""The layers of tk.core, checked by walking every module's imports (module-level, the lazy
+ones inside functions and those under ``if TYPE_CHECKING:``). From the bottom up:
+
+    base      the contract, config, model parts (nn/), data/, text/, errors, metrics, ...
+    run       the run folder: marker, checkpoints, RNG states, shards, logs, curves
+    exchange  models in and out: pretrained sources, export formats, weight mappings
+    training  the parts of the loop: assembly, batches, update, precision, EMA, parallel, ...
+    engine    runs from start to use: the Trainer, launch, the finished-run API, predict, export
+    cli       the ``tk`` command
+
+A module imports only its own layer and those below it (``exchange`` and ``training``
+are side by side: neither imports the other); core has no import cycle; plugins use core's
+base layers, ``exchange`` and, of the engine, only the finished-run API
+(``tk.core.engine.inference``)."""
 
 from __future__ import annotations
 
@@ -14,7 +24,18 @@ REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "core"
 PLUGINS = REPO / "plugins"
 MAX_LINES = 400
-PLUGIN_ENGINE_API = {"tk.core.engine.inference"}  # load_run, evaluate_run, predict_run
+MAX_MODULES = 15  # per folder, __init__.py not counted
+PLUGIN_ENGINE_API = {"tk.core.engine.inference"}  # load_run, evaluate_run, predict_run, pretrained sources
+# what each layer may import (every layer also imports itself)
+MAY_IMPORT = {
+    "base": set(),
+    "run": {"base"},
+    "exchange": {"base", "run"},
+    "training": {"base", "run"},
+    "engine": {"base", "run", "exchange", "training"},
+    "cli": {"base", "run", "exchange", "training", "engine"},
+}
+PLUGINS_MAY_IMPORT = {"base", "exchange"}  # plus PLUGIN_ENGINE_API
 
 
 def _module_name(path: Path, root: Path, package: str) -> str:
@@ -22,22 +43,11 @@ def _module_name(path: Path, root: Path, package: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """Ids of the import nodes under ``if TYPE_CHECKING:`` (annotations only, never run)."""
-    return {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
-            and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
-            for stmt in block.body for node in ast.walk(stmt)}
-
-
 def _imports(path: Path, known: set[str]) -> set[str]:
-    """The ``tk.*`` modules ``path`` imports, anywhere in the file but under ``if TYPE_CHECKING:``
-    (``from a import b`` counts as ``a.b`` when that is a module)."""
+    """The ``tk.*`` modules ``path`` imports, anywhere in the file (``from a import b``
+    counts as ``a.b`` when that is a module)."""
     found = set()
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = _type_checking_only(tree)
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tk."):
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
@@ -54,21 +64,40 @@ def _core_graph() -> dict[str, set[str]]:
 
 def _layer(module: str) -> str:
     parts = module.split(".")
-    return parts[2] if len(parts) > 2 and parts[2] in ("engine", "cli") else "base"
+    return parts[2] if len(parts) > 2 and parts[2] in MAY_IMPORT else "base"
 
 
-def test_below_the_engine_nothing_imports_the_engine_or_the_cli():
+def _upward_arrows(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's imports of a layer it may not import."""
+    wrong = {m: sorted(d for d in deps if _layer(d) != _layer(m) and _layer(d) not in MAY_IMPORT[_layer(m)])
+             for m, deps in graph.items()}
+    return {m: d for m, d in wrong.items() if d}
+
+
+def test_the_layers_are_the_subpackages_the_docstring_names():
     graph = _core_graph()
     assert "tk.core.task" in graph and "tk.core.nn.attention" in graph  # the walk found the tree
-    wrong = {m: sorted(d for d in deps if _layer(d) in ("engine", "cli"))
-             for m, deps in graph.items() if _layer(m) == "base"}
-    assert {m: d for m, d in wrong.items() if d} == {}
+    layers = {_layer(m) for m in graph}
+    assert layers == set(MAY_IMPORT)
+    for name in set(MAY_IMPORT) - {"base", "cli"}:  # each says what it holds and what it may import
+        doc = ast.get_docstring(ast.parse((CORE / name / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and "May import" in doc, name
 
 
-def test_the_engine_does_not_import_the_cli():
-    graph = _core_graph()
-    wrong = {m: sorted(d for d in deps if _layer(d) == "cli") for m, deps in graph.items() if _layer(m) == "engine"}
-    assert {m: d for m, d in wrong.items() if d} == {}
+def test_no_import_runs_back_up_a_layer():
+    assert _upward_arrows(_core_graph()) == {}
+
+
+def test_the_layer_check_catches_an_arrow_back_up():
+    graph = {"tk.core.run.checkpoint": {"tk.core.training.rng", "tk.core.errors"},
+             "tk.core.exchange.export": {"tk.core.training.parallel", "tk.core.run.atomic"},
+             "tk.core.training.build": {"tk.core.exchange.export"},
+             "tk.core.nn.vit": {"tk.core.cli.main"},
+             "tk.core.engine.train": {"tk.core.training.update", "tk.core.exchange.export", "tk.core.run.shards"}}
+    assert _upward_arrows(graph) == {"tk.core.run.checkpoint": ["tk.core.training.rng"],
+                                     "tk.core.exchange.export": ["tk.core.training.parallel"],
+                                     "tk.core.training.build": ["tk.core.exchange.export"],
+                                     "tk.core.nn.vit": ["tk.core.cli.main"]}
 
 
 def test_core_has_no_import_cycle():
@@ -93,10 +122,17 @@ def test_plugins_use_the_engine_only_to_load_finished_runs():
     modules = {_module_name(p, PLUGINS, "tk.plugins") for p in PLUGINS.rglob("*.py")}
     wrong = {}
     for path in PLUGINS.rglob("*.py"):
-        engine = {d for d in _imports(path, modules) if d.startswith("tk.core.engine")} - PLUGIN_ENGINE_API
-        if engine:
-            wrong[str(path.relative_to(REPO))] = sorted(engine)
+        core = {d for d in _imports(path, modules) if d.startswith("tk.core.")}
+        bad = {d for d in core - PLUGIN_ENGINE_API if _layer(d) not in PLUGINS_MAY_IMPORT}
+        if bad:
+            wrong[str(path.relative_to(REPO))] = sorted(bad)
     assert wrong == {}
+
+
+def test_no_folder_in_core_holds_more_than_fifteen_modules():
+    crowded = {str(d.relative_to(REPO)): n for d in [CORE, *CORE.rglob("*")] if d.is_dir()
+               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES}
+    assert crowded == {}
 
 
 @pytest.mark.parametrize("root", [CORE, PLUGINS], ids=["core", "plugins"])

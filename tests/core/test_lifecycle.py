@@ -119,7 +119,7 @@ RECIPE = textwrap.dedent('''
     train: {max_steps: 6, batch_size: 16, eval_every: 3, save_every: 2, keep_last: 5, progress: false}
 ''')
 
-ORDER = {  # the documented order of each command (tk.core.engine.assemble)
+ORDER = {  # the documented order of each command (tk.core.training.assemble)
     "train": ["init run_dir=set", "setup resume=False", "build_dataset train", "build_dataset val",
               "build_model vocab=4", "init_pretrained"],
     "resume": ["init run_dir=set", "load_state_dict vocab=4", "setup resume=True", "build_dataset train",
@@ -276,11 +276,11 @@ def test_param_groups_default_matches_core(env):
 
 def test_best_metric_must_be_returned_by_every_evaluation(env):
     """A metric added only on some evaluations (``ctx.every(n)``) cannot be the best metric."""
-    from tk.core.engine.build import check_best_metric
     from tk.core.errors import TkError
     from tk.core.metrics import Accuracy, Mean
     from tk.core.recipe import load_config
     from tk.core.task import Task
+    from tk.core.training.build import check_best_metric
 
     class Costly(Task):
         def build_metrics(self, ctx):

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.engine.loggers import TensorBoardLogger, scalars
-from tk.core.engine.runlog import RunLog
 from tk.core.media import Image, Text
+from tk.core.run.loggers import TensorBoardLogger, scalars
+from tk.core.run.runlog import RunLog
 
 TK = str(Path(sys.executable).with_name("tk"))
 
@@ -240,7 +240,7 @@ def test_wandb_resume_keeps_the_run_id_and_sends_no_step_twice(tmp_path, monkeyp
     from types import SimpleNamespace
 
     from tk.core.config import RunConfig, TrainConfig
-    from tk.core.engine.loggers import WandbLogger
+    from tk.core.run.loggers import WandbLogger
 
     sent, inits = [], []
 

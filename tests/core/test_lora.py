@@ -20,10 +20,7 @@ from torch import nn
 
 from tk.core.cli import cli
 from tk.core.config import ConfigError
-from tk.core.engine.assemble import assemble
-from tk.core.engine.checkpoint import load_checkpoint, load_model_state
 from tk.core.engine.inference import evaluate_run, load_run
-from tk.core.engine.signals import TrainingInterrupted
 from tk.core.engine.train import Trainer
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
@@ -31,7 +28,10 @@ from tk.core.nn.lora import LoRALinear, apply_lora, merge_lora, merged_state_dic
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder
 from tk.core.recipe import load_config
+from tk.core.run.checkpoint import load_checkpoint, load_model_state
 from tk.core.text import BERT_SPECIALS, TextTokenizer
+from tk.core.training.assemble import assemble
+from tk.core.training.signals import TrainingInterrupted
 from tk.plugins.text_classification.data import TextClsTokenizerConfig
 from tk.plugins.text_classification.model import TextClassifier
 from tk.plugins.text_classification.synthetic import synthetic_rows

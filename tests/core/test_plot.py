@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.engine.curves import plot_runs, smooth, smoothing_weight
 from tk.core.errors import TkError
+from tk.core.run.curves import plot_runs, smooth, smoothing_weight
 
 from ..conftest import TOY_PLUGIN, TOY_RECIPE, make_distribution
 

@@ -1,4 +1,4 @@
-"""Tests for tk.core.engine.precision: autocast choice, device errors, and loss-scaling skip logic
+"""Tests for tk.core.training.precision: autocast choice, device errors, and loss-scaling skip logic
 (run on CPU through torch.amp.GradScaler("cpu"))."""
 
 import copy
@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from tk.core.engine.precision import LossScaling, Precision, check_precision
-from tk.core.engine.update import apply_update
 from tk.core.errors import TkError
+from tk.core.training.precision import LossScaling, Precision, check_precision
+from tk.core.training.update import apply_update
 
 
 def _setup():

@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.engine.assemble import assemble
 from tk.core.engine.inference import load_run
 from tk.core.recipe import load_config
+from tk.core.training.assemble import assemble
 
 TEXTCLS = ["data.num_train=64", "data.num_val=16", "train.batch_size=16", "train.eval_batch_size=16",
            "train.max_steps=2", "train.eval_every=2", "train.progress=false", "train.num_workers=0",

@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from tk.core.cli import cli
-from tk.core.engine.checkpoint import load_checkpoint
 from tk.core.engine.launch import set_aside_path, write_run_marker
-from tk.core.engine.signals import TrainingInterrupted
 from tk.core.engine.train import Trainer
 from tk.core.recipe import load_config
+from tk.core.run.checkpoint import load_checkpoint
+from tk.core.training.signals import TrainingInterrupted
 
 from ..conftest import TOY_PLUGIN, make_distribution
 

@@ -15,7 +15,7 @@ def test_throughput_leaves_evaluation_time_out(monkeypatch):
 
 
 def test_window_record_weights_task_logs_by_items_like_the_loss():
-    from tk.core.engine.runlog import Throughput, window_record
+    from tk.core.run.runlog import Throughput, window_record
 
     window = [{"loss": 1.0, "acc": 0.5, "items": 10.0, "lr": 0.1, "grad_norm": 1.0, "skipped": 0.0},
               {"loss": 3.0, "acc": 1.0, "items": 30.0, "lr": 0.2, "grad_norm": 2.0, "skipped": 1.0}]

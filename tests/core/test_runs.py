@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.engine.runlog import format_duration
 from tk.core.engine.train import Trainer
+from tk.core.run.runlog import format_duration
 
 from ..conftest import TOY_PLUGIN, TOY_RECIPE, make_distribution
 

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tk.core import LoaderSpec, RandomBlockSampler, RandomIndexSampler, TkError, TokenBudgetBatchSampler, build_loader
-from tk.core.engine.batches import BatchStream, agreed_length
+from tk.core.training.batches import BatchStream, agreed_length
 
 from ..conftest import make_distribution
 

@@ -1,4 +1,4 @@
-"""Sharded checkpoints (``tk.core.engine.shards``): DCP folders written by every process of
+"""Sharded checkpoints (``tk.core.run.shards``): DCP folders written by every process of
 an fsdp run, read back sharded by any number of processes or in full by one; their rotation,
 set-aside and damage handling in the checkpoint manager (one-process folders: no process group)."""
 
@@ -16,11 +16,11 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from tk.core.engine import checkpoint as C
-from tk.core.engine.parallel import full_model_state, wrap_fsdp
-from tk.core.engine.shards import SHARDS_KEY, load_shards, read_full_model, save_shards, sharded_training_state
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.transformer import DecoderOnlyLM
+from tk.core.run.shards import SHARDS_KEY, load_shards, read_full_model, save_shards, sharded_training_state
+from tk.core.training.parallel import full_model_state, wrap_fsdp
 
 
 def _fake_shards(directory, step):

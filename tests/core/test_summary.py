@@ -3,7 +3,8 @@
 import torch
 from torch import nn
 
-from tk.core.engine.summary import ActivationMeter, count_parameters, format_bytes, format_shapes, module_output_shapes
+from tk.core.engine.summary import ActivationMeter, format_shapes, module_output_shapes
+from tk.core.run.runlog import count_parameters, format_bytes
 
 
 def test_count_parameters_counts_shared_weights_once_and_frozen_ones_apart():

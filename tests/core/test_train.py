@@ -12,11 +12,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tk.core.engine.checkpoint import load_checkpoint
-from tk.core.engine.precision import LossScaling
 from tk.core.engine.train import Trainer
 from tk.core.errors import TkError
 from tk.core.recipe import load_config
+from tk.core.run.checkpoint import load_checkpoint
+from tk.core.training.precision import LossScaling
 
 
 @pytest.fixture(autouse=True)
@@ -236,9 +236,9 @@ def test_torch_compile_trains(toy_site, tmp_path):
 
 
 def test_grad_checkpointing_of_the_core_vit_saves_activation_memory_with_equal_gradients():
-    from tk.core.engine.device import enable_grad_checkpointing
     from tk.core.engine.summary import ActivationMeter
     from tk.core.nn.vit import VisionTransformer
+    from tk.core.training.device import enable_grad_checkpointing
 
     measured, grads = [], []
     x = torch.randn(4, 3, 16, 16)

@@ -128,7 +128,7 @@ def test_a_teacher_typo_or_missing_run_fails_before_training(tmp_path):
 
 
 def test_teacher_gets_no_grad():
-    from tk.core.engine.build import prepare_teacher
+    from tk.core.training.build import prepare_teacher
 
     teacher = prepare_teacher(torch.nn.Linear(3, 2), torch.device("cpu"))
     assert not teacher.training and all(not p.requires_grad for p in teacher.parameters())

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.engine.build import prepare_teacher
 from tk.core.engine.inference import load_run
 from tk.core.errors import TkError
 from tk.core.recipe import load_config
 from tk.core.step import StepOutput
+from tk.core.training.build import prepare_teacher
 
 POS, NEG = ("good", "great", "fine", "nice", "fun"), ("bad", "awful", "dull", "poor", "weak")
 FILLER = ("the", "a", "movie", "plot", "was", "is", "really", "so", "and", "cast", "story", "very")

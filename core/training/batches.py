@@ -10,8 +10,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from tk.core.distributed import comm_device
-from tk.core.engine.rng import preserved_rng
 from tk.core.errors import TkError
+from tk.core.run.rng import preserved_rng
 
 __all__ = ["BatchStream", "FixedBatches", "agreed_length", "loader_length"]
 

@@ -1,5 +1,5 @@
 """Checkpoints: atomic saves, safe (weights-only) loads, RNG capture, rotation, and
-model-state matching with readable errors (exporting weights: ``tk.core.engine.export``)."""
+model-state matching with readable errors (exporting weights: ``tk.core.exchange.export``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from tk.core.config import config_diff
-from tk.core.engine.atomic import atomic_write
-from tk.core.engine.rng import capture_rng_state, preserved_rng, restore_rng_state  # re-exported (public API)
-from tk.core.engine.shards import SHARDS_DIR, SHARDS_KEY, check_shards, read_full_model, shard_steps
 from tk.core.errors import TkError
+from tk.core.run.atomic import atomic_write
+from tk.core.run.rng import capture_rng_state, preserved_rng, restore_rng_state  # re-exported (public API)
+from tk.core.run.shards import SHARDS_DIR, SHARDS_KEY, check_shards, read_full_model, shard_steps
 
 __all__ = [
     "save_checkpoint", "load_checkpoint", "CheckpointReadError", "intact_checkpoints", "capture_rng_state", "restore_rng_state",
@@ -51,7 +51,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     in the file is run). With ``mmap`` the tensors are mapped from the file, not read (cheap
     to open; they are read when used).
 
-    A sharded checkpoint (an fsdp run's: ``tk.core.engine.shards``) names its shard folder
+    A sharded checkpoint (an fsdp run's: ``tk.core.run.shards``) names its shard folder
     under ``"sharded"``, made absolute here; with ``full_model`` this process reads the full
     model weights from it into ``"model"`` (the optimiser state stays in the shards).
 

@@ -12,12 +12,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tk.core.config import TrainConfig
 from tk.core.data.loader import LoaderSpec
-from tk.core.engine.batches import BatchStream, FixedBatches, agreed_length, loader_length
-from tk.core.engine.evaluate import metric_keys
-from tk.core.engine.rng import preserved_rng
 from tk.core.errors import TkError
+from tk.core.run.rng import preserved_rng
 from tk.core.step import EvalContext
 from tk.core.task import Task
+from tk.core.training.batches import BatchStream, FixedBatches, agreed_length, loader_length
+from tk.core.training.evaluate import metric_keys
 
 __all__ = ["split_loader", "run_loaders", "batch_stream", "prepare_teacher", "wrap_ddp", "check_best_metric"]
 

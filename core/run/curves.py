@@ -4,7 +4,7 @@ a run writes at its evaluations.
 One PNG (matplotlib's Agg canvas, no pyplot, no display), one panel per metric, one
 line per run; training metrics are drawn smoothed (TensorBoard's debiased exponential
 moving average) with their raw values faint behind. The data is each run's
-``metrics.jsonl`` under the logger names of :func:`tk.core.engine.loggers.scalars`
+``metrics.jsonl`` under the logger names of :func:`tk.core.run.loggers.scalars`
 (``train/loss``, ``val/top1``, ...).
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tk.core.engine.loggers import read_records, scalars
 from tk.core.errors import TkError
+from tk.core.run.loggers import read_records, scalars
 
 __all__ = ["X_AXES", "RunSeries", "load_series", "default_metrics", "smoothing_weight", "smooth", "plot_runs", "CurvesWriter"]
 

@@ -35,9 +35,9 @@ import yaml
 from torch import nn
 
 from tk.core.artifacts import ARTIFACTS_DIR, TaskFiles
-from tk.core.engine.checkpoint import load_checkpoint
-from tk.core.engine.shards import SHARDS_KEY
 from tk.core.errors import TkError
+from tk.core.run.checkpoint import load_checkpoint
+from tk.core.run.shards import SHARDS_KEY
 
 __all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_source", "shape_conflicts",
            "adopt_shape", "load_backbone", "write_record", "read_record"]

@@ -1,6 +1,6 @@
 """``tk export --format hf``: a trained core model as a Hugging Face ``transformers`` folder.
 
-What maps to what (the inverse of :mod:`tk.core.nn.convert_bert` for the encoder):
+What maps to what (the inverse of :mod:`tk.core.exchange.convert_bert` for the encoder):
 
 - a text classifier (core :class:`TextEncoder` + linear head), BERT-shaped (learned positions,
   post-norm LayerNorm, GELU/ReLU, biases, [CLS] pooling) -> ``BertForSequenceClassification``;
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tk.core.engine.export import export_safetensors
 from tk.core.errors import TkError
+from tk.core.exchange.export import export_safetensors
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM

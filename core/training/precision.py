@@ -1,5 +1,5 @@
 """Mixed precision: autocast contexts and fp16 loss scaling (the GradScaler) behind one
-small object; the optimizer update itself is the Trainer's (``tk.core.engine.update``).
+small object; the optimizer update itself is the Trainer's (``tk.core.training.update``).
 
 Mixed precision training: https://arxiv.org/abs/1710.03740
 torch.amp: https://pytorch.org/docs/stable/amp.html

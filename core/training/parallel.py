@@ -24,8 +24,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from tk.core.engine.build import wrap_ddp
 from tk.core.errors import TkError
+from tk.core.training.build import wrap_ddp
 
 __all__ = ["wrap_model", "shard_blocks", "is_fsdp", "gradient_sync", "gathered", "full_model_state",
            "load_full_training_state"]

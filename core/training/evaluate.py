@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from tk.core.distributed import all_reduce_sum, is_main_process
-from tk.core.engine.device import move_to_device
 from tk.core.metrics import MetricCollection
 from tk.core.step import EvalContext
+from tk.core.training.device import move_to_device
 
 __all__ = ["evaluate_loader", "metric_keys"]
 
@@ -38,7 +38,7 @@ def evaluate_loader(task, model: nn.Module, loader, device: torch.device, precis
         model: the model to evaluate (put in eval mode for the pass, then restored).
         loader: batches of the split (sharded per process when distributed).
         device: where the model is.
-        precision: a ``tk.core.engine.precision.Precision`` (autocast).
+        precision: a ``tk.core.training.precision.Precision`` (autocast).
         ctx: which evaluation this is (split, step, periodic/final/stand-alone, prefix).
         out_dir: where metrics may write files (rank 0 only); None writes nothing.
         media: receives the images/text of the metrics that define ``media(ctx)``

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from tk.core.config import ConfigError
-from tk.core.engine.loggers import missing_logger_packages
-from tk.core.engine.precision import check_precision
 from tk.core.errors import TkError
+from tk.core.run.loggers import missing_logger_packages
+from tk.core.training.precision import check_precision
 
 __all__ = ["resolve_device", "preflight", "check_logger_packages", "seed_everything", "enable_grad_checkpointing", "move_to_device"]
 
@@ -56,7 +56,7 @@ def preflight(cfg) -> torch.device:
     run by ``tk validate`` and before a run directory is created.
 
     Raises:
-        TkError: see :func:`resolve_device` and :class:`~tk.core.engine.precision.Precision`;
+        TkError: see :func:`resolve_device` and :class:`~tk.core.training.precision.Precision`;
             a logger whose package is missing (with its ``pip install`` line).
     """
     check_logger_packages(cfg)

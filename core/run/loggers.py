@@ -314,7 +314,7 @@ def _quiet_settings(wandb) -> dict[str, Any]:
 def open_loggers(cfg: RunConfig, run_dir: Path, resumed_at: int | None, rewound: bool = False) -> list[Logger]:
     """The external loggers of ``train.loggers`` (tensorboard, wandb), opened for a run;
     ``rewound``: resumed from a checkpoint before the latest one (the later steps are
-    abandoned). ``jsonl`` and ``csv`` belong to :class:`tk.core.engine.runlog.RunLog`."""
+    abandoned). ``jsonl`` and ``csv`` belong to :class:`tk.core.run.runlog.RunLog`."""
     out: list[Logger] = []
     names = cfg.train.loggers
     if "tensorboard" in names:

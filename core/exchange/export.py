@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import save as st_save
 from torch import nn
 
-from tk.core.engine.atomic import atomic_write
-from tk.core.engine.checkpoint import load_checkpoint
 from tk.core.errors import TkError
 from tk.core.nn.lora import merged_state_dict
+from tk.core.run.atomic import atomic_write
+from tk.core.run.checkpoint import load_checkpoint
 
 __all__ = ["export_safetensors", "average_checkpoints"]
 

@@ -28,8 +28,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from tk.core.engine.atomic import fsync_dir
 from tk.core.errors import TkError
+from tk.core.run.atomic import fsync_dir
 
 __all__ = ["SHARDS_KEY", "SHARDS_DIR", "shard_folder", "sharded_training_state", "save_shards", "load_shards",
            "read_full_model", "check_shards", "shard_steps"]

@@ -10,17 +10,20 @@ import time
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from tk.core.engine.loggers import CsvLogger, JsonlLogger, Logger
-from tk.core.engine.summary import count_parameters, format_bytes
 from tk.core.media import Media, write_media_file
+from tk.core.run.loggers import CsvLogger, JsonlLogger, Logger
+
+if TYPE_CHECKING:
+    from torch import nn
 
 STATUS_FILE = "status.json"  # how the run ended (or that it is running): read by `tk runs`
 
-__all__ = ["STATUS_FILE", "RunLog", "ProgressBar", "Throughput", "window_record", "train_line", "format_duration"]
+__all__ = ["STATUS_FILE", "RunLog", "ProgressBar", "Throughput", "window_record", "train_line", "format_duration",
+           "format_bytes", "count_parameters"]
 
 
 def format_duration(seconds: float) -> str:
@@ -29,10 +32,25 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(all parameters, trainable parameters); a parameter shared by two modules counts once."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
 class RunLog:
     """Writes ``train.log``, ``metrics.jsonl`` (and ``metrics.csv``), ``status.json`` and
     media in the run dir, passes every record to the run's other loggers
-    (``tk.core.engine.loggers``) and echoes human-readable lines to the console.
+    (``tk.core.run.loggers``) and echoes human-readable lines to the console.
 
     ``metrics.jsonl`` is the record of truth (one JSON object per logged step or
     evaluation); it is always written.
