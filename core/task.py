@@ -1,8 +1,9 @@
 """The Task contract: the one extension point of tk.
 
 A task supplies what differs between jobs (data, model, loss, metrics, prediction);
-the engine in ``tk.core.engine`` owns everything else (devices, precision, gradient
-accumulation, clipping, schedules, checkpoints, logging, distribution).
+the engine (``tk.core.engine`` and the layers under it: ``training``, ``run``, ``exchange``)
+owns everything else (devices, precision, gradient accumulation, clipping, schedules,
+checkpoints, logging, distribution).
 
 Every command builds a task in one order (``tk.core.training.assemble``):
 construct ``Task(cfg, run_dir)`` -> ``load_state_dict`` (resume, eval, predict, average)

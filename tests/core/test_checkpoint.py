@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from tk.core.engine import checkpoint as C
 from tk.core.errors import TkError
 from tk.core.exchange.export import average_checkpoints, export_safetensors
+from tk.core.run import checkpoint as C
 
 
 def _draws():

@@ -4,7 +4,7 @@
 def test_throughput_leaves_evaluation_time_out(monkeypatch):
     from types import SimpleNamespace
 
-    from tk.core.engine import runlog
+    from tk.core.run import runlog
 
     clock_times = iter([0.0, 10.0, 14.0])
     monkeypatch.setattr(runlog, "time", SimpleNamespace(perf_counter=lambda: next(clock_times)))

@@ -15,10 +15,10 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from tk.core.engine import checkpoint as C
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.transformer import DecoderOnlyLM
+from tk.core.run import checkpoint as C
 from tk.core.run.shards import SHARDS_KEY, load_shards, read_full_model, save_shards, sharded_training_state
 from tk.core.training.parallel import full_model_state, wrap_fsdp
 
