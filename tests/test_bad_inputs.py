@@ -314,6 +314,36 @@ CASES: dict[str, Case] = {
     "checkpoint/average too many": C(["average", "{run}", "--last", "99", "-o", "{d}/avg.safetensors"], 2,
                                      "holds 2 step checkpoint(s)"),
     "checkpoint/average no output": C(["average", "{run}"], 2, "'-o'"),
+    # -- what commands write outside a run (issue #34 item 1): never a run, its checkpoints, the
+    # current folder or a user's file; --overwrite replaces only the command's own output ----------
+    **{f"output/{name}{' --overwrite' * ow}": C([*args, *["--overwrite"] * ow], 2, fragment,
+                                                 setup=(lambda d, mp: mp.chdir(d)) if "current" in name else
+                                                 (lambda d, _mp: (d / "mine.pt").write_bytes(b"mine")))
+       for ow in (False, True) for name, args, fragment in [
+           ("export into the run", ["export", "{run}", "--format", "safetensors", "-o", "{run}"],
+            "is the run being read"),
+           ("export into another run", ["export", "{image_run}", "--format", "safetensors", "-o", "{run}"],
+            "is a tk run dir"),
+           ("export into the run's folder", ["export", "{run}", "--format", "safetensors", "-o", "{d}"],
+            "is a folder that holds the run being read"),
+           ("export into the current folder", ["export", "{run}", "--format", "safetensors", "-o", "."],
+            "is the current folder"),
+           ("export over a user's folder", ["export", "{run}", "--format", "safetensors", "-o", "{d}/plain"],
+            "a folder tk did not write"),
+           ("export over a user's file", ["export", "{run}", "--format", "safetensors", "-o", "{d}/afile"],
+            "a file tk did not write"),
+           ("average over the resume point", ["average", "{run}", "--last", "1", "-o", "{run}/checkpoints/last.pt"],
+            "inside the checkpoints of the run"),
+           ("average into a run's checkpoints", ["average", "{run}", "--last", "1", "-o",
+                                                 "{run}/checkpoints/avg.pt"], "inside the checkpoints of the run"),
+           ("average over a user's file", ["average", "{run}", "--last", "1", "-o", "{d}/mine.pt"],
+            "a file tk did not write"),
+           ("plot over a user's file", ["plot", "{run}", "-o", "{d}/afile"], "a file tk did not write"),
+           ("plot into a run's checkpoints", ["plot", "{run}", "-o", "{run}/checkpoints/c.png"],
+            "inside the checkpoints of the run"),
+           ("plot over a run's checkpoint", ["plot", "{run}", "-o", "{run}/checkpoints/last.pt"],
+            "inside the checkpoints of the run"),
+       ]},
     # -- the CLI ---------------------------------------------------------------------
     "cli/no such command": C(["rnu", "{toy}"], 2, "No such command 'rnu'"),
     "cli/no such option": C(["run", "{toy}", "--overwirte"], 2, "No such option '--overwirte'"),

@@ -259,13 +259,14 @@ def eval_cmd(run_dir: str, overrides: tuple[str, ...], checkpoint: str, split: s
               help="How many of the newest step checkpoints to average.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="avg.pt: a tk checkpoint (for --checkpoint); avg.safetensors: bare weights (for --weights).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output that tk average wrote.")
 @debug_option
-def average_cmd(run_dir: str, last_k: int, output: str) -> None:
+def average_cmd(run_dir: str, last_k: int, output: str, overwrite: bool) -> None:
     """Average the model weights of a run's last K step checkpoints (the Transformer
     paper's checkpoint averaging): `tk eval RUN --checkpoint avg.pt` then evaluates them."""
     from tk.core.engine.inference import average_run
 
-    report = average_run(run_dir, last_k, output)
+    report = average_run(run_dir, last_k, output, overwrite)
     click.echo(f"averaged steps {', '.join(map(str, report['steps']))} -> {report['output']}")
 
 

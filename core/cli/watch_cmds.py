@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -17,17 +18,21 @@ from tk.core.cli.group import debug_option
               show_default=True, help="The x axis: optimizer step, epoch, items seen, or training seconds.")
 @click.option("-o", "--output", default="curves.png", show_default=True, type=click.Path(dir_okay=False),
               help="The PNG to write.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing PNG that tk plot wrote.")
 @debug_option
-def plot_cmd(runs: tuple[str, ...], metrics: str | None, x_axis: str, output: str) -> None:
+def plot_cmd(runs: tuple[str, ...], metrics: str | None, x_axis: str, output: str, overwrite: bool) -> None:
     """Plot training curves of one or more runs into one PNG: a panel per metric, a
     line per run (training metrics smoothed, raw values faint behind).
 
     \b
     tk plot runs/quickstart
     tk plot runs/a runs/b --metrics val/top1,train/loss --x time -o compare.png
+    tk plot runs/quickstart -o curves.png --overwrite   # replace the PNG an earlier tk plot wrote
     """
     from tk.core.run.curves import plot_runs
+    from tk.core.run.outputs import check_output
 
+    check_output(output, "tk plot", overwrite, sources=[Path(r) for r in runs])
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     fig = plot_runs(list(runs), names, x_axis, output)
     panels = sum(ax.get_visible() for ax in fig.axes)

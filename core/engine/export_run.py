@@ -3,16 +3,14 @@
 Formats: ``safetensors`` (the state dict + the task files), ``hf`` (a transformers folder,
 :mod:`tk.core.exchange.export_hf`), ``timm`` (:mod:`tk.core.exchange.export_timm`),
 ``torch-export`` (a ``.pt2`` program) and ``onnx`` (:mod:`tk.core.exchange.export_graph`).
-Everything is written into a temporary folder first and moved into place at the end, so a
-failed export leaves nothing behind.
+Everything is written into a temporary sibling folder first and renamed into place at the
+end, so a failed export leaves nothing behind (:mod:`tk.core.run.outputs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +23,9 @@ from tk.core.exchange.export import export_safetensors
 from tk.core.exchange.export_graph import example_inputs, export_onnx, export_program
 from tk.core.exchange.export_hf import hf_export, write_hf_folder
 from tk.core.exchange.export_timm import timm_export, timm_load_code
+from tk.core.nn.lora import merge_lora
 from tk.core.run.loggers import read_records
+from tk.core.run.outputs import OUTPUT_MARKER, check_output, write_output_folder
 
 __all__ = ["FORMATS", "export_run", "checkpoint_metrics"]
 
@@ -102,10 +102,13 @@ def model_card(task: Any, fmt: str, source: dict[str, Any], metrics: dict[str, f
     section = cfg.sections["data"]
     data = json.dumps(dataclasses.asdict(section) if dataclasses.is_dataclass(section) else str(section), default=str)
     weights = "EMA" if source["ema"] else "raw"
+    lora = getattr(cfg.sections.get("model"), "lora", None)
+    lora_line = (f"- LoRA: the rank-{lora.rank} adapters are merged into their base weights (no adapter tensors; "
+                 f"the model built without `model.lora`)\n" if lora is not None else "")
     return (f"# {task.name}: exported with tk\n\n"
             f"- task: `{task.name}`\n- format: `{fmt}` ({', '.join(files)})\n"
             f"- checkpoint: `{Path(source['checkpoint']).name}`, step {source['step']}, {weights} weights\n"
-            f"- tk version: {tk.__version__}\n- data: `{data}`\n\n"
+            f"{lora_line}- tk version: {tk.__version__}\n- data: `{data}`\n\n"
             f"## Metrics of this checkpoint\n\n| metric | value |\n|---|---|\n{metric_lines}\n\n"
             f"## How to load\n\n{how}\n\n## Recipe (resolved config)\n\n```yaml\n{recipe}\n```\n")
 
@@ -118,7 +121,10 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
     Args:
         run_dir: a directory written by ``tk run``.
         fmt: one of :data:`FORMATS`.
-        output: the folder to write; an existing non-empty one is refused unless ``overwrite``.
+        output: the folder to write (see :func:`~tk.core.run.outputs.check_output`: an
+            existing one is replaced only with ``overwrite`` and only when ``tk export``
+            wrote it; never a run dir, a run's checkpoints, the current folder or a folder
+            holding the run).
         checkpoint, ema, overrides: which weights, as for ``tk eval`` (see ``load_run``).
 
     Returns:
@@ -131,20 +137,18 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
     if fmt not in _WRITERS:
         raise TkError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
-    out = Path(output) if output is not None else run_dir / "export" / fmt
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise TkError(f"-o {out}: exists and is not empty; pass --overwrite to replace it, or another -o")
+    out = check_output(output if output is not None else run_dir / "export" / fmt, "tk export", overwrite,
+                       sources=[run_dir])
     task, model, source = load_run_source(run_dir, checkpoint, list(overrides), ema=ema)
-    model = model.float().cpu().eval()  # portable weights: float32 on the CPU
-    tmp = Path(tempfile.mkdtemp(prefix="tk-export-"))
-    try:
+    # portable weights: float32 on the CPU, LoRA adapters folded into their base weights, so
+    # every format holds the plain model (its library knows no adapters)
+    model = merge_lora(model.float().cpu().eval())
+
+    def fill(tmp: Path) -> None:
         files, how = _WRITERS[fmt](run_dir, task, model, tmp)
         metrics = checkpoint_metrics(run_dir, source["step"])
         (tmp / "README.md").write_text(model_card(task, fmt, source, metrics, files, how), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(tmp), str(out))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {"output": str(out), "format": fmt, "files": sorted(p.name for p in out.iterdir()), **source}
+
+    write_output_folder(out, "tk export", fill, {"format": fmt, "run": str(run_dir.resolve()), "step": source["step"]})
+    files = sorted(p.name for p in out.iterdir() if p.name != OUTPUT_MARKER)
+    return {"output": str(out), "format": fmt, "files": files, **source}

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from safetensors.torch import load_file
 from torch import nn
 
+from tk.core.artifacts import ARTIFACTS_DIR
 from tk.core.data.loader import LoaderSpec
 from tk.core.engine.predict import predict_batches
 from tk.core.errors import TkError
@@ -33,6 +34,7 @@ from tk.core.run.checkpoint import (
     load_model_state,
     save_checkpoint,
 )
+from tk.core.run.outputs import WRITTEN_BY, check_merge, check_output
 from tk.core.step import EvalContext
 from tk.core.task import Task
 from tk.core.training.assemble import assemble
@@ -248,7 +250,7 @@ def predict_run(run_dir: str | Path, inputs: Iterable[str], checkpoint: str = "b
     return predict_batches(task, model, inputs, batch_size, precision.autocast)
 
 
-def average_run(run_dir: str | Path, last_k: int, output: str | Path) -> dict[str, Any]:
+def average_run(run_dir: str | Path, last_k: int, output: str | Path, overwrite: bool = False) -> dict[str, Any]:
     """``tk average``: average the weights of a run's last ``last_k`` step checkpoints (the
     Transformer paper's checkpoint averaging) and write them to ``output``.
 
@@ -263,13 +265,17 @@ def average_run(run_dir: str | Path, last_k: int, output: str | Path) -> dict[st
         ``{"output", "steps"}``.
 
     Raises:
-        TkError: too few step checkpoints, checkpoints of different models, or an output
-            name that is neither ``.pt`` nor ``.safetensors``.
+        TkError: too few step checkpoints, checkpoints of different models, an output
+            name that is neither ``.pt`` nor ``.safetensors``, or an output that may not be
+            written (:func:`~tk.core.run.outputs.check_output`: an existing file only with
+            ``overwrite`` and only if ``tk average`` wrote it; never inside a run's
+            checkpoints), or a folder whose ``artifacts/`` hold another run's task files.
     """
     run_dir, output = Path(run_dir), Path(output)
     if output.suffix not in (".pt", ".safetensors"):
         raise TkError(f"-o {output}: name a .pt file (a tk checkpoint for --checkpoint) or a .safetensors file "
                       f"(bare weights for --weights)")
+    check_output(output, "tk average", overwrite, sources=[run_dir])
     steps = step_checkpoints(run_dir)
     if len(steps) < last_k:
         raise TkError(f"--last {last_k}: {run_dir} holds {len(steps)} step checkpoint(s) "
@@ -282,8 +288,11 @@ def average_run(run_dir: str | Path, last_k: int, output: str | Path) -> dict[st
     step_range = [s for s, _ in chosen]
     if output.suffix == ".pt":
         save_checkpoint(output, {"model": averaged, "task_state": task.state_dict(), "config": newest.get("config"),
-                                 "task": newest.get("task"), "step": step_range[-1], "averaged_steps": step_range})
+                                 "task": newest.get("task"), "step": step_range[-1], "averaged_steps": step_range,
+                                 WRITTEN_BY: "tk average"})
     else:
-        export_safetensors(averaged, output, metadata={"averaged_steps": ",".join(map(str, step_range))})
+        check_merge(task.files.dir, output.parent / ARTIFACTS_DIR, output)
+        export_safetensors(averaged, output, metadata={"averaged_steps": ",".join(map(str, step_range)),
+                                                       WRITTEN_BY: "tk average"})
         task.files.copy_to(output.parent)
     return {"output": str(output), "steps": step_range}

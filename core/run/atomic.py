@@ -7,7 +7,13 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "fsync_dir"]
+__all__ = ["atomic_write", "fsync_dir", "default_permissions"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(folder: Path) -> None:
@@ -21,6 +27,12 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def default_permissions(path: Path, folder: bool = False) -> None:
+    """Give ``path`` the permissions a plain ``open``/``mkdir`` would (0644/0755 under the
+    usual umask): ``tempfile`` makes its files 0600 and its folders 0700."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~_umask())
+
+
 def atomic_write(path: Path, write) -> None:
     """Call ``write(file)`` on a temp file next to ``path``, fsync it, then rename it
     over ``path``: readers see the old file or the complete new one, never half."""
@@ -31,6 +43,7 @@ def atomic_write(path: Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        default_permissions(Path(tmp))
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from tk.core.errors import TkError
 from tk.core.run.loggers import read_records, scalars
+from tk.core.run.outputs import WRITTEN_BY
 
 __all__ = ["X_AXES", "RunSeries", "load_series", "default_metrics", "smoothing_weight", "smooth", "plot_runs", "CurvesWriter"]
 
@@ -176,7 +177,7 @@ def _save(fig, path: Path) -> None:
     """Write the PNG through a temporary file: a reader never sees half a picture."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=90, format="png")
+    fig.savefig(tmp, dpi=90, format="png", metadata={WRITTEN_BY: "tk plot"})  # so --overwrite knows it
     tmp.replace(path)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -131,9 +132,95 @@ def test_bad_inputs_are_one_line_and_write_nothing(textcls_run, tmp_path):
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "keep.txt").write_text("mine")
-    result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "c")
-    assert result.exit_code == 2 and "--overwrite" in result.output
-    assert [p.name for p in (tmp_path / "c").iterdir()] == ["keep.txt"]
-    result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "c", "--overwrite")
+    for extra in ([], ["--overwrite"]):  # a user's folder: never replaced, and --overwrite is not suggested
+        result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "c", *extra)
+        assert result.exit_code == 2 and "a folder tk did not write" in result.output
+        assert "pass --overwrite" not in result.output and len(result.output.strip().splitlines()) == 1
+        assert [p.name for p in (tmp_path / "c").iterdir()] == ["keep.txt"]
+    result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "d")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["README.md", "artifacts", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [".tk-output", "README.md", "artifacts",
+                                                                  "model.safetensors"]
+    result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "d")  # tk's own output
+    assert result.exit_code == 2 and "pass --overwrite to replace it" in result.output
+    result = tk("export", textcls_run, "--format", "safetensors", "-o", tmp_path / "d", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "d"]  # no temporary folder left beside it
+
+
+# -- LoRA runs: every format holds the merged model (issue #34 item 2) --------------------
+LORA = ["model.lora.rank=4", "optim.lr=0.01", "train.max_steps=6"]  # adapters far from their zero start
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    return {"textcls": make_run(root / "tc", "textcls_synthetic", *TEXTCLS, *LORA),
+            "lm": make_run(root / "lm", "lm_synthetic", *LM, *LORA),
+            "vit": make_run(root / "vit", "quickstart", *VIT, *LORA)}
+
+
+def _inputs(kind, task):
+    if kind == "textcls":
+        enc = task.encode(["good , not bad", "the film was bad , not good at all"], None)
+        return task.collate([{"input_ids": i, "token_types": t} for i, t in zip(enc.ids, enc.type_ids)])["input_ids"]
+    if kind == "lm":
+        return torch.tensor([task.tokenizer.encode("the cat sat on the mat")])
+    return torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def _load_export(kind, fmt, out, run, task):
+    """A callable ids/images -> logits, from the exported files through their own library."""
+    if fmt == "hf":
+        transformers = pytest.importorskip("transformers")
+        auto = transformers.AutoModelForSequenceClassification if kind == "textcls" else \
+            transformers.AutoModelForCausalLM
+        hf = auto.from_pretrained(out).eval()
+        pad = getattr(task, "pad_id", None)
+        return lambda x: hf(input_ids=x, **({"attention_mask": (x != pad).long()} if kind == "textcls" else {})).logits
+    if fmt == "timm":
+        timm = pytest.importorskip("timm")
+        spec = json.loads((out / "timm_model.json").read_text())
+        net = timm.create_model(spec["model_name"], pretrained=True, **spec["kwargs"], pretrained_cfg_overlay=dict(
+            file=str(out / "model.safetensors"), num_classes=spec["kwargs"]["num_classes"])).eval()
+        return net
+    if fmt == "safetensors":  # the same model built without model.lora loads the file strictly
+        _, plain = load_run(run, overrides=["model.lora=null"], weights=str(out / "model.safetensors"))
+        return plain
+    name = "input_ids" if kind == "textcls" else "x"
+    if fmt == "torch-export":
+        program = torch.export.load(out / "model.pt2").module()
+        return lambda x: program(**{name: x})
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(out / "model.onnx"))
+    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
+
+@pytest.mark.parametrize("kind,fmt", [
+    ("textcls", "hf"), ("textcls", "safetensors"), ("lm", "hf"), ("vit", "timm"), ("vit", "safetensors"),
+    pytest.param("textcls", "torch-export", marks=pytest.mark.slow),
+    pytest.param("textcls", "onnx", marks=pytest.mark.slow),
+    pytest.param("vit", "onnx", marks=pytest.mark.slow)])
+def test_a_lora_run_exports_merged_weights_in_every_format(lora_runs, kind, fmt, tmp_path):
+    run = lora_runs[kind]
+    out = tmp_path / fmt
+    result = tk("export", run, "--format", fmt, "-o", out)
+    assert result.exit_code == 0, result.output
+    task, model = load_run(run, "best")
+    x = _inputs(kind, task)
+    base = copy.deepcopy(model)
+    for name, p in base.named_parameters():
+        if name.endswith("lora_B"):
+            p.data.zero_()  # the base model alone, what an export that drops the adapters computes
+    theirs = _load_export(kind, fmt, out, run, task)
+    with torch.no_grad():
+        expected, without = model(x), base(x)
+        assert (expected - without).abs().max() > 1e-3  # the adapters matter here
+        torch.testing.assert_close(theirs(x), expected, atol=1e-5, rtol=1e-5)
+    assert "adapters are merged into their base weights" in (out / "README.md").read_text()
+    if fmt in ("hf", "timm", "safetensors"):
+        from safetensors import safe_open
+
+        files = list(out.glob("*.safetensors"))
+        with safe_open(str(files[0]), framework="pt") as f:
+            assert files and not [k for k in f.keys() if "lora" in k]  # no adapter tensors
