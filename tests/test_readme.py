@@ -28,3 +28,19 @@ def test_every_tk_command_shown_exists():
     shown = set(re.findall(r"^tk ([a-z][a-z-]*)", text, re.M))
     missing = sorted(c for c in shown if c not in cli.commands)
     assert not missing, f"README shows tk commands that do not exist: {missing}"
+
+
+def test_the_python_lines_that_use_a_run_work(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from PIL import Image
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```python\n(from tk.core import load_run\n.*?)```", text, re.S).group(1)
+    tiny = ["data.num_train=8", "data.num_val=4", "model.dim=16", "model.depth=1", "model.num_heads=2",
+            "train.max_steps=1", "train.batch_size=4", "train.eval_batch_size=4", "train.progress=false"]
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(cli, ["run", "quickstart", *tiny]).exit_code == 0
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(tmp_path / "cat.png")
+    printed = []
+    exec(block, {"print": printed.append})
+    assert printed[0][0]["input"] == "cat.png" and len(printed[0][0]["top_k"]) >= 1

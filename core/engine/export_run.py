@@ -22,7 +22,7 @@ from tk.core.errors import TkError
 from tk.core.exchange.export import export_safetensors
 from tk.core.exchange.export_graph import example_inputs, export_onnx, export_program
 from tk.core.exchange.export_hf import hf_export, write_hf_folder
-from tk.core.exchange.export_timm import timm_export, timm_load_code
+from tk.core.exchange.export_timm import timm_export, timm_hub_config, timm_load_code
 from tk.core.nn.lora import merge_lora
 from tk.core.run.loggers import read_records
 from tk.core.run.outputs import OUTPUT_MARKER, check_output, write_output_folder
@@ -69,8 +69,14 @@ def _timm(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[
     export_safetensors(state, out / "model.safetensors", metadata={"format": "pt"})
     (out / "timm_model.json").write_text(json.dumps({"model_name": name, "kwargs": kwargs}, indent=2) + "\n",
                                          encoding="utf-8")
-    how = f"```python\nimport timm\nmodel = {timm_load_code(name, kwargs)}\n```"
-    return ["model.safetensors", "timm_model.json"], how
+    img_size = kwargs.get("img_size") or task.data.img_size
+    config = timm_hub_config(name, kwargs, img_size, task.data_config, getattr(task, "class_names", None))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    how = ("```python\nimport timm\nmodel = timm.create_model('local-dir:PATH', pretrained=True).eval()  # or 'hf-hub:USER/REPO' once "
+           "pushed\n# the run's input pipeline (size, mean/std, interpolation, crop_pct):\n"
+           "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))\n"
+           f"# without config.json: {timm_load_code(name, kwargs)}\n```")
+    return ["config.json", "model.safetensors", "timm_model.json"], how
 
 
 def _program(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:

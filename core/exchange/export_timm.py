@@ -14,6 +14,7 @@ its pretrained config's). A run of a timm model (``model.timm``) exports its own
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import Tensor, nn
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from tk.core.errors import TkError
 from tk.core.nn.vit import VisionTransformer
 
-__all__ = ["timm_export", "timm_load_code"]
+__all__ = ["timm_export", "timm_load_code", "timm_hub_config", "timm_crop_pct"]
 
 _TIMM_NORM_EPS = 1e-6  # timm's ViT LayerNorm epsilon (its norm_layer default)
 
@@ -75,3 +76,36 @@ def timm_load_code(name: str, kwargs: dict[str, Any], file: str = "model.safeten
     overlay = f"dict(file={file!r}, num_classes={kwargs['num_classes']})"
     args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
     return f"timm.create_model({name!r}, pretrained=True, pretrained_cfg_overlay={overlay}{args})"
+
+
+def timm_crop_pct(img_size: int, crop_pct: float) -> float:
+    """The ``crop_pct`` with which timm's eval transform resizes as tk's does: tk resizes the
+    short side to ``round(img_size / crop_pct)``, timm to ``floor(img_size / crop_pct)``
+    (224 / 0.9: tk 249, timm 248), so the exported value is ``img_size / round(...)``, nudged
+    down by float ulps until timm's floor lands on tk's size."""
+    target = int(round(img_size / crop_pct))
+    exported = img_size / target
+    while math.floor(img_size / exported) < target:
+        exported = math.nextafter(exported, 0.0)
+    return exported
+
+
+def timm_hub_config(name: str, kwargs: dict[str, Any], img_size: int, data_config: dict[str, Any],
+                    class_names: list[str] | None) -> dict[str, Any]:
+    """The ``config.json`` timm reads from a hub repo or a ``local-dir:`` folder: the
+    architecture, its arguments, and the run's input pipeline as ``pretrained_cfg`` (input
+    size, mean, std, interpolation, crop_pct), so ``timm.data.resolve_data_config({},
+    model=model)`` + ``create_transform`` reproduce what ``tk predict`` feeds the model."""
+    pretrained_cfg = {
+        "input_size": [kwargs.get("in_chans", 3), img_size, img_size], "fixed_input_size": True,
+        "interpolation": data_config.get("interpolation", "bilinear"),
+        "crop_pct": timm_crop_pct(img_size, data_config.get("crop_pct") or 1.0),
+        "crop_mode": "center", "mean": list(data_config["mean"]), "std": list(data_config["std"]),
+        "num_classes": kwargs["num_classes"],
+    }
+    config: dict[str, Any] = {"architecture": name, "num_classes": kwargs["num_classes"],
+                              "model_args": {k: v for k, v in kwargs.items() if k != "num_classes"},
+                              "pretrained_cfg": pretrained_cfg}
+    if class_names:
+        config["label_names"] = list(class_names)
+    return config

@@ -100,6 +100,35 @@ def test_vit_to_timm_matches_tk_logits(vit_run):
     assert "timm.create_model(" in (out / "README.md").read_text()
 
 
+def test_timm_export_loads_from_its_folder_with_the_runs_input_pipeline(vit_run, tmp_path):
+    """``timm.create_model('local-dir:...')`` + timm's own data pipeline give ``tk predict``'s answers."""
+    timm = pytest.importorskip("timm")
+    from PIL import Image
+
+    out = tmp_path / "timm"
+    assert tk("export", vit_run, "--format", "timm", "-o", out).exit_code == 0
+    net = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    task, model = load_run(vit_run, "best")
+    data_config = timm.data.resolve_data_config({}, model=net)
+    assert data_config["input_size"] == (3, 32, 32)
+    assert list(data_config["mean"]) == pytest.approx(task.data_config["mean"])
+    assert list(data_config["std"]) == pytest.approx(task.data_config["std"])
+    assert net.pretrained_cfg["label_names"] == task.class_names
+    transform = timm.data.create_transform(**data_config)
+    paths = []
+    for i, size in enumerate([(32, 32), (48, 40), (50, 64)]):  # other sizes: resized and cropped as tk does
+        pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=torch.Generator().manual_seed(i))
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(pixels.to(torch.uint8).numpy()).save(paths[-1])
+    ours = task.predict(model, [str(p) for p in paths])
+    with torch.no_grad():
+        probs = net(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])).softmax(-1)
+    for record, row in zip(ours, probs):
+        best = record["top_k"][0]
+        assert task.class_names[int(row.argmax())] == best["label"]
+        assert float(row.max()) == pytest.approx(best["prob"], abs=1e-5)
+
+
 @pytest.mark.slow  # ~1 min: two traces per format
 @pytest.mark.parametrize("fmt", ["torch-export", "onnx"])
 def test_graph_exports_match_eager_at_two_batch_sizes(textcls_run, vit_run, fmt):
@@ -224,3 +253,22 @@ def test_a_lora_run_exports_merged_weights_in_every_format(lora_runs, kind, fmt,
         files = list(out.glob("*.safetensors"))
         with safe_open(str(files[0]), framework="pt") as f:
             assert files and not [k for k in f.keys() if "lora" in k]  # no adapter tensors
+
+
+@pytest.mark.parametrize("img_size,crop_pct", [(32, 1.0), (32, 0.875), (224, 0.9), (224, 0.95), (384, 1.0)])
+def test_timm_pretrained_cfg_makes_timms_eval_transform_tks(img_size, crop_pct):
+    timm = pytest.importorskip("timm")
+    from PIL import Image
+
+    from tk.core.exchange.export_timm import timm_hub_config
+    from tk.plugins.image_classification.transforms import build_eval_transform
+
+    data = {"mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3], "interpolation": "bicubic", "crop_pct": crop_pct}
+    cfg = timm_hub_config("vit_base_patch16_224", {"num_classes": 3}, img_size, data, None)["pretrained_cfg"]
+    theirs = timm.data.create_transform(input_size=tuple(cfg["input_size"]), interpolation=cfg["interpolation"],
+                                        mean=cfg["mean"], std=cfg["std"], crop_pct=cfg["crop_pct"],
+                                        crop_mode=cfg["crop_mode"])
+    ours = build_eval_transform(img_size, data["mean"], data["std"], crop_pct, "bicubic")
+    pixels = torch.randint(0, 256, (300, 400, 3), generator=torch.Generator().manual_seed(img_size)).to(torch.uint8)
+    image = Image.fromarray(pixels.numpy())
+    torch.testing.assert_close(theirs(image), ours(image), atol=0, rtol=0)
