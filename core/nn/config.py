@@ -108,6 +108,10 @@ class TransformerConfig:
             problems += self.lora.check(k("lora"))
         return problems
 
+    def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):  # rebuilt from JSON or asdict() (a task file, a source's spec)
+            self.lora = LoRAConfig(**self.lora)
+
     def validate(self) -> None:
         """Raise on any :meth:`check` problem (what modules call when built from code).
 

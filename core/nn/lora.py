@@ -124,6 +124,10 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatchcase(name, p) for p in patterns)
 
 
+def _matches_any(names: Iterable[str], pattern: str) -> bool:
+    return any(fnmatchcase(n, pattern) for n in names)
+
+
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
@@ -162,7 +166,8 @@ def apply_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: fl
 
     Raises:
         TkError: ``rank < 1``, a model that already has LoRA, a model without ``nn.Linear``,
-            or targets that match no ``nn.Linear`` (naming some that exist).
+            targets that match no ``nn.Linear`` (naming some that exist), or a ``trainable``
+            pattern of the user's (not a default one) that matches nothing.
     """
     targets, trainable = list(targets), list(trainable)
     if rank < 1:
@@ -172,6 +177,12 @@ def apply_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: fl
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
         raise TkError(f"model.lora: {type(model).__name__} has no nn.Linear layer to adapt; remove model.lora")
+    names = {n for name, _ in model.named_parameters(remove_duplicate=False) for n in _names_within(name)}
+    unmatched = [p for p in trainable if p not in DEFAULT_TRAINABLE and not _matches_any(names, p)]
+    if unmatched:  # a typo would silently freeze what the user meant to train (e.g. a fresh head)
+        tops = sorted({n.split(".")[0] for n in names})
+        raise TkError(f"model.lora.trainable {unmatched} match no module or parameter of {type(model).__name__}; "
+                      f"its top-level modules are {', '.join(tops[:8])}")
     patterns = _expand(targets)
     chosen = [name for name in linears if _matches(name, patterns)]
     if not chosen:

@@ -140,6 +140,12 @@ def test_bad_inputs_are_one_line_errors():
         apply_lora(_lm(), targets=["*.wq"])
     msg = str(info.value)
     assert "'*.wq'" in msg and "layers.0.self_attn.qkv" in msg and "\n" not in msg
+    with pytest.raises(TkError) as info:  # a typo must not silently freeze a fresh head
+        apply_lora(TextClassifier(TextEncoder(CFG, 50), 3, "cls", 0.0), trainable=["haed"])
+    msg = str(info.value)
+    assert "model.lora.trainable ['haed'] match no module or parameter" in msg and "encoder, head" in msg
+    apply_lora(TextClassifier(TextEncoder(CFG, 50), 3, "cls", 0.0), trainable=["head", "encoder.encoder.norm*"])
+    apply_lora(_lm(), trainable=["head", "head_dist"])  # the defaults may match nothing (an LM has no head)
     with pytest.raises(TkError, match="has no nn.Linear layer to adapt; remove model.lora"):
         apply_lora(nn.Sequential(nn.Conv1d(2, 2, 1), nn.ReLU()))
     model = _lm()

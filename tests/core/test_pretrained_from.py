@@ -63,6 +63,20 @@ def test_text_classification_from_a_run(textcls_run, tmp_path):
     assert record["task"] == "text_classification" and record["model"]["hidden_dim"] == 48
 
 
+def test_text_classification_with_lora_from_a_tk_run_trains_evaluates_and_exports(textcls_run, tmp_path):
+    """model.lora with a tk run as the source (the adapters' config survives the encoder spec's
+    JSON round trip): the encoder starts as the source's, only adapters and head train, eval works."""
+    run = train("textcls_synthetic", tmp_path / "new", [*TEXTCLS, f"model.pretrained_from={textcls_run}",
+                                                        "model.lora.rank=4"])
+    _, source = load_run(textcls_run, "best")
+    _, model = load_run(run, "best")
+    assert any(k.endswith("lora_A") for k in model.state_dict())
+    frozen = {k: v for k, v in source.state_dict().items() if k.startswith("encoder.") and "embed" in k}
+    for key, value in frozen.items():  # not an adapter target: frozen, still the source's
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    assert tk(["eval", str(run), "--json"]).exit_code == 0
+
+
 def test_text_classification_run_then_eval_without_the_source(textcls_run, tmp_path):
     """The CLI end to end: the new run trains, and evaluates after the source is gone (it is
     self-contained); a checkpoint file is a source too."""
