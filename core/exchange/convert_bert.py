@@ -19,7 +19,8 @@ Hugging Face ``BertModel``                              core ``TextEncoder``
 =====================================================  ==============================
 
 BERT is post-norm with exact GELU, learned absolute positions, token types and an
-embedding LayerNorm; the pooler is dropped. Config options the core encoder does not
+embedding LayerNorm; the pooler is read apart (:func:`read_bert_pooler`: a text classifier's
+``model.pooler``). Config options the core encoder does not
 implement (e.g. ``position_embedding_type`` other than ``absolute``) raise naming them.
 
 :func:`resolve_pretrained_dir` turns a Hugging Face hub id (e.g.
@@ -176,6 +177,15 @@ def bert_state_dict(hf_state: dict[str, torch.Tensor], depth: int) -> dict[str, 
                          ("output.LayerNorm", "norm2")):
                 out[f"{dst}{b}.{kind}"] = take(f"{src}{a}.{kind}")
     return out
+
+
+def read_bert_pooler(folder: str | Path) -> dict[str, torch.Tensor] | None:
+    """The pooler (dense + tanh on [CLS]) of a BERT checkpoint folder as ``{"weight", "bias"}``,
+    or None when the checkpoint has none (e.g. a ``BertForMaskedLM``)."""
+    sd = {k.removeprefix("bert."): v for k, v in _read_weights(Path(folder).expanduser()).items()}
+    if "pooler.dense.weight" not in sd:
+        return None
+    return {"weight": sd["pooler.dense.weight"], "bias": sd["pooler.dense.bias"]}
 
 
 def load_bert_weights(encoder: torch.nn.Module, folder: str | Path) -> None:

@@ -2,8 +2,9 @@
 
 What maps to what (the inverse of :mod:`tk.core.exchange.convert_bert` for the encoder):
 
-- a text classifier (core :class:`TextEncoder` + linear head), BERT-shaped (learned positions,
-  post-norm LayerNorm, GELU/ReLU, biases, [CLS] pooling) -> ``BertForSequenceClassification``;
+- a text classifier (core :class:`TextEncoder` + BERT's pooler + linear head), BERT-shaped
+  (learned positions, post-norm LayerNorm, GELU/ReLU, biases, [CLS] pooling, ``model.pooler``)
+  -> ``BertForSequenceClassification``, tensor for tensor;
 - a :class:`DecoderOnlyLM` with learned positions + LayerNorm + GELU/ReLU (pre-norm, biases)
   -> ``GPT2LMHeadModel``; with rotary positions + RMSNorm + SwiGLU -> ``LlamaForCausalLM``.
 
@@ -27,12 +28,8 @@ from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM
 
-__all__ = ["POOLER_SCALE", "bert_export", "hf_export", "lm_export", "write_hf_folder"]
+__all__ = ["bert_export", "hf_export", "lm_export", "write_hf_folder"]
 
-# BertForSequenceClassification always runs its pooler (dense + tanh) on the [CLS] state; tk's
-# head reads the state itself. dense = s * I and classifier = W / s make tanh(s x) / s = x up to
-# s^2 |x|^3 / 3 (1e-8 |x|^3 here), while W / s stays well inside float16's range.
-POOLER_SCALE = 1e-4
 _SPECIALS = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]",
              "mask_token": "[MASK]"}
 
@@ -74,6 +71,9 @@ def bert_export(model: nn.Module, labels: list[Any] | None, multi_label: bool = 
     cfg, target = enc.cfg, "BertForSequenceClassification"
     if model.pooling != "cls":
         raise _refuse("model.pooling", model.pooling, target, "its classifier reads the [CLS] token")
+    if getattr(model, "pooler", None) is None:  # transformers' class always applies one
+        raise _refuse("model.pooler", False, target, "it always applies BERT's pooler, dense + tanh, to [CLS]; "
+                      "train with model.pooler=true")
     _require(cfg, target, {"pos_encoding": ("learned",), "norm": ("layernorm",), "norm_first": (False,),
                            "final_norm": (False,), "activation": ("gelu", "relu"), "bias": (True,)})
     sd = model.state_dict()
@@ -92,10 +92,8 @@ def bert_export(model: nn.Module, labels: list[Any] | None, multi_label: bool = 
                      ("intermediate.dense", "mlp.fc1"), ("output.dense", "mlp.fc2"), ("output.LayerNorm", "norm2")):
             for kind in ("weight", "bias"):
                 out[f"{dst}{a}.{kind}"] = sd[f"{src}{b}.{kind}"]
-    out["bert.pooler.dense.weight"] = torch.eye(cfg.dim) * POOLER_SCALE
-    out["bert.pooler.dense.bias"] = torch.zeros(cfg.dim)
-    out["classifier.weight"] = sd["head.weight"] / POOLER_SCALE
-    out["classifier.bias"] = sd["head.bias"]
+    out["bert.pooler.dense.weight"], out["bert.pooler.dense.bias"] = sd["pooler.weight"], sd["pooler.bias"]
+    out["classifier.weight"], out["classifier.bias"] = sd["head.weight"], sd["head.bias"]
     num_labels = out["classifier.weight"].shape[0]
     names = [str(x) for x in labels] if labels and len(labels) == num_labels else [f"LABEL_{i}" for i in range(num_labels)]
     config = {

@@ -28,8 +28,8 @@ TARGET_ALIASES: dict[str, list[str]] = {
     "attention": ["*.qkv", "*.q_proj", "*.k_proj", "*.v_proj", "*attn.proj"],
     "mlp": ["*.fc1", "*.fc2"],
 }
-# the classification heads of the plugins (core ViT, timm, text classifier) stay trainable
-DEFAULT_TRAINABLE = ["head", "head_dist", "classifier"]
+# the classification heads of the plugins (core ViT, timm, text classifier and its BERT pooler) stay trainable
+DEFAULT_TRAINABLE = ["head", "head_dist", "classifier", "pooler"]
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 from tk.core.nn.config import TransformerConfig
@@ -23,6 +24,7 @@ class ModelConfig(TransformerConfig):
     pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = (
         "learned")  # learned: BERT's trained table; sinusoidal: the fixed sin/cos table; rotary: relative; none
     pooling: Literal["cls", "mean", "max"] = "cls"  # sentence vector: [CLS] state, or mean/max over non-PAD
+    pooler: bool | None = None  # BERT's pooler (dense + tanh on [CLS]) before the head; null: on for an HF BERT source and a post-norm (BERT-shaped) [CLS] encoder, where transformers users expect it
     head_dropout: float = 0.1  # dropout before the classification layer
     pretrained_from: str | None = None  # start from: a text_classification/mlm run dir or .pt checkpoint, or an HF BERT folder / hub id (its shape and tokenizer replace these)
     encoder_lr_scale: float = 1.0  # encoder lr = optim.lr * this (e.g. 0.1 when fine-tuning); head: optim.lr
@@ -32,6 +34,9 @@ class ModelConfig(TransformerConfig):
         problems = super().check(prefix)
         if self.pooling not in TEXT_POOLINGS:
             problems.append(f"{prefix}.pooling ({self.pooling!r}) must be one of {', '.join(TEXT_POOLINGS)}")
+        if self.pooler and self.pooling != "cls":
+            problems.append(f"{prefix}.pooler: BERT's pooler reads the [CLS] state; set {prefix}.pooling=cls or "
+                            f"{prefix}.pooler=false")
         if not 0.0 <= self.head_dropout < 1.0:
             problems.append(f"{prefix}.head_dropout ({self.head_dropout}) must be in [0, 1)")
         if not self.encoder_lr_scale > 0:
@@ -42,26 +47,32 @@ class ModelConfig(TransformerConfig):
 
 
 class TextClassifier(nn.Module):
-    """Encoder -> pooled vector (B, D) -> dropout -> linear -> logits (B, C).
+    """Encoder -> pooled vector (B, D) [-> BERT's pooler: tanh(dense)] -> dropout -> linear ->
+    logits (B, C).
 
     Args:
         encoder: a :class:`TextEncoder`.
         num_classes: C.
         pooling: "cls", "mean" or "max".
         head_dropout: dropout before the linear layer.
+        pooler: BERT's pooler (``BertPooler``: dense D -> D, tanh) on the pooled [CLS] state.
     """
 
-    def __init__(self, encoder: TextEncoder, num_classes: int, pooling: str, head_dropout: float) -> None:
+    def __init__(self, encoder: TextEncoder, num_classes: int, pooling: str, head_dropout: float,
+                 pooler: bool = False) -> None:
         super().__init__()
         self.encoder, self.pooling = encoder, pooling
+        self.pooler = nn.Linear(encoder.cfg.dim, encoder.cfg.dim) if pooler else None
         self.drop = nn.Dropout(head_dropout)
         self.head = nn.Linear(encoder.cfg.dim, num_classes)
-        nn.init.normal_(self.head.weight, std=0.02)
-        nn.init.zeros_(self.head.bias)
+        for layer in (self.pooler, self.head):  # BERT's initialisation
+            if layer is not None:
+                nn.init.normal_(layer.weight, std=0.02)
+                nn.init.zeros_(layer.bias)
 
     def num_layers(self) -> int:
         """Layer ids for ``optim.layer_decay``: embeddings 0, encoder layer i -> i + 1, the
-        encoder's final norm (pre-norm only) and the head (full lr) -> ``num_layers()`` = depth + 1."""
+        encoder's final norm (pre-norm only), the pooler and the head (full lr) -> ``num_layers()`` = depth + 1."""
         return self.encoder.num_layers()
 
     def layer_id(self, name: str) -> int:
@@ -75,4 +86,7 @@ class TextClassifier(nn.Module):
         Returns: (B, C) logits."""
         mask = self.encoder.padding_mask(input_ids)
         hidden = self.encoder(input_ids, token_types, key_padding_mask=mask)
-        return self.head(self.drop(pool(hidden, mask, self.pooling)))
+        pooled = pool(hidden, mask, self.pooling)
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.head(self.drop(pooled))

@@ -28,6 +28,7 @@ from tk.core.exchange.convert_bert import (
     bert_config,
     is_hub_id,
     load_bert_weights,
+    read_bert_pooler,
     read_bert_config,
     resolve_pretrained_dir,
 )
@@ -102,6 +103,7 @@ class TextClassificationTask(Task):
         self._saved_teacher: dict[str, str] | None = None  # the teacher record of the checkpoint being resumed
         self._num_train: int | None = None
         self._source: SourceRun | None | bool = False  # False: model.pretrained_from not opened yet
+        self._pooler: bool | None = None  # resolved by the pooler property (or read from a checkpoint)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -224,13 +226,29 @@ class TextClassificationTask(Task):
 
     def state_dict(self) -> dict[str, Any]:
         record = self._teacher.record if self._teacher is not None else self._saved_teacher
-        return {"labels": self.labels} | ({"teacher": dict(record)} if record is not None else {})
+        return {"labels": self.labels, "pooler": self.pooler} | \
+            ({"teacher": dict(record)} if record is not None else {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "labels" in state:
             self.labels = list(state["labels"])
+            self._pooler = bool(state.get("pooler", False))  # checkpoints from before model.pooler: none
         if "teacher" in state:
             self._saved_teacher = dict(state["teacher"])
+
+    @property
+    def pooler(self) -> bool:
+        """Whether the classifier has BERT's pooler: ``model.pooler``, or where it is null, on for
+        an HF BERT source and a post-norm [CLS] encoder (BERT's shape); a saved run's own choice."""
+        if self._pooler is None:
+            m = self.model_cfg
+            if m.pooler is not None:
+                self._pooler = m.pooler
+            else:
+                norm_first = self.encoder_spec["cfg"]["norm_first"] if self.encoder_spec else m.norm_first
+                hf_source = m.pretrained_from is not None and self.source is None
+                self._pooler = m.pooling == "cls" and (hf_source or not norm_first)
+        return self._pooler
 
     @property
     def pad_id(self) -> int:
@@ -303,7 +321,7 @@ class TextClassificationTask(Task):
             cfg = TransformerConfig.of(m, max_len=self.data.max_len)
             vocab, types = self.tokenizer.vocab_size, 2
         encoder = TextEncoder(cfg, vocab, type_vocab_size=types, pad_id=self.pad_id)
-        return TextClassifier(encoder, len(self.labels), m.pooling, m.head_dropout)
+        return TextClassifier(encoder, len(self.labels), m.pooling, m.head_dropout, pooler=self.pooler)
 
     def example_inputs(self, model: nn.Module) -> dict[str, Any]:
         """``tk export``: a padded batch of two tokenised sentences of different lengths."""
@@ -321,6 +339,9 @@ class TextClassificationTask(Task):
             self._source = None  # done: drop the mapped checkpoint
         else:
             load_bert_weights(model.encoder, self.pretrained_path)
+            pooler = read_bert_pooler(self.pretrained_path) if model.pooler is not None else None
+            if pooler is not None:  # BERT's pretrained pooler, as transformers' fine-tuning starts from it
+                model.pooler.load_state_dict(pooler)
 
     def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
         """Encoder parameters at ``optim.lr * model.encoder_lr_scale``, the head at ``optim.lr``;

@@ -189,6 +189,9 @@ def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, ca
     assert task.tokenizer.token_id("good") == 5 + words.index("good")  # the folder's vocabulary, not a trained one
     torch.testing.assert_close(model.encoder.tok_embed.weight, hf.embeddings.word_embeddings.weight, atol=1e-6, rtol=0)
     assert model.encoder.cfg.dim == 32 and not model.encoder.cfg.norm_first
+    # an HF source brings BERT's pooler (model.pooler left null), pretrained weights included
+    torch.testing.assert_close(model.pooler.weight, hf.pooler.dense.weight, atol=1e-6, rtol=0)
+    torch.testing.assert_close(model.pooler.bias, hf.pooler.dense.bias, atol=1e-6, rtol=0)
     [pred] = task.predict(model, ["the film was not bad"])
     assert pred["label"] in ("negative", "positive")
 
@@ -199,7 +202,7 @@ def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, ca
     lr = lrs(task.cfg.optim)
     assert lr["encoder.tok_embed.weight"] == pytest.approx(0.1 * lr["head.weight"])
     decayed = lrs(dataclasses.replace(task.cfg.optim, layer_decay=0.5, lr=1.0))
-    assert decayed["head.weight"] == decayed["head.bias"] == 1.0  # the new head: full lr
+    assert decayed["head.weight"] == decayed["head.bias"] == decayed["pooler.weight"] == 1.0  # the head: full lr
     for layer, scale in ((1, 0.5), (0, 0.25)):  # top layer 0.5 ** 1, the one below 0.5 ** 2 (x encoder 0.1)
         assert decayed[f"encoder.encoder.layers.{layer}.mlp.fc1.weight"] == pytest.approx(0.1 * scale)
     for name in ("encoder.tok_embed.weight", "encoder.pos_embed.weight", "encoder.embed_norm.weight"):
