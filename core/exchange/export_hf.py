@@ -211,17 +211,46 @@ def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
                   f"export (text classifiers -> BERT, language models -> GPT-2/Llama); use --format safetensors")
 
 
+def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:
+    """The tokenizer's special tokens under transformers' names. BERT: its [PAD]/[CLS]/...;
+    a causal LM: an end-of-text token (``<|endoftext|>``, ``</s>``, ``<eos>``) as eos and bos
+    (GPT-2's convention) unless a ``<s>``/``<bos>`` exists, and ``<pad>``, else eos, else
+    ``<unk>`` as pad, so batched tokenization and ``generate()`` need no extra arguments."""
+    present = [t["content"] for t in json.loads(tokenizer_json).get("added_tokens", [])]
+    if config.get("model_type") == "bert":
+        return {k: v for k, v in _SPECIALS.items() if v in present}
+
+    def first(*names: str) -> str | None:
+        return next((n for n in names if n in present), None)
+
+    unk = first("<unk>", "[UNK]", "<|unk|>")
+    eos = first("<|endoftext|>", "</s>", "<eos>", "<|eos|>")
+    found = {"unk_token": unk, "eos_token": eos, "bos_token": first("<s>", "<bos>", "<|bos|>") or eos,
+             "pad_token": first("<pad>", "[PAD]", "<|pad|>") or eos or unk}
+    return {k: v for k, v in found.items() if v is not None}
+
+
 def write_hf_folder(out: Path, config: dict, state: dict[str, Tensor], tokenizer_json: str | None,
                     max_len: int) -> list[str]:
     """Write ``config.json``, ``model.safetensors`` and (given a tokenizer) ``tokenizer.json`` +
-    ``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``) into ``out``; returns the file names."""
+    ``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``) into ``out``; a causal LM also
+    gets its bos/eos/pad ids in ``config.json`` and ``generation_config.json`` (and left
+    padding, which batched generation needs); returns the file names."""
+    specials = _special_tokens(config, tokenizer_json) if tokenizer_json is not None else {}
+    files = ["config.json", "model.safetensors"]
+    if config.get("model_type") in ("gpt2", "llama") and tokenizer_json is not None:
+        ids = {t["content"]: t["id"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
+        token_ids = {f"{k[:-len('_token')]}_token_id": ids.get(specials.get(k)) for k in ("bos_token", "eos_token",
+                                                                                           "pad_token")}
+        config = {**config, **token_ids}
+        (out / "generation_config.json").write_text(json.dumps(token_ids, indent=2) + "\n", encoding="utf-8")
+        files.append("generation_config.json")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     export_safetensors(state, out / "model.safetensors", metadata={"format": "pt"})
-    files = ["config.json", "model.safetensors"]
     if tokenizer_json is not None:
-        present = {t["content"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
-        tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
-                   **{k: v for k, v in _SPECIALS.items() if v in present}}
+        tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **specials}
+        if config.get("model_type") in ("gpt2", "llama"):
+            tok_cfg["padding_side"] = "left"
         (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
         files += ["tokenizer.json", "tokenizer_config.json"]

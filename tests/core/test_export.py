@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 
 import pytest
 import torch
@@ -81,8 +82,14 @@ def test_lm_to_transformers_greedy_tokens_match(tmp_path, shape, hf_class):
     ours = generate(model, prompt, GenerationConfig(strategy="greedy", max_len=10)).tokens
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(hf).__name__ == hf_class
-    theirs = hf.generate(prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the export's ids: no pad/eos warning, no extra arguments
+        theirs = hf.generate(prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False)
     assert theirs[0, prompt.shape[1]:].tolist() == ours[0].tolist()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    batch = tokenizer(["the cat", "the cat sat on"], padding=True, return_tensors="pt")  # batched: a pad token
+    assert tokenizer.pad_token_id == hf.generation_config.pad_token_id is not None
+    assert batch["attention_mask"][0].tolist()[0] == 0  # left padding, as generation needs
     with torch.no_grad():  # and the logits themselves
         torch.testing.assert_close(hf(prompt).logits, model(prompt), atol=1e-5, rtol=1e-5)
 
