@@ -56,8 +56,9 @@ def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[li
         tokenizer = None
     max_len = config.get("max_position_embeddings") or config.get("n_positions")
     files = write_hf_folder(out, config, state, tokenizer, max_len)
-    auto = "AutoModelForSequenceClassification" if "SequenceClassification" in config["architectures"][0] \
-        else "AutoModelForCausalLM"
+    arch = config["architectures"][0]
+    auto = "AutoModelForSequenceClassification" if "SequenceClassification" in arch else \
+        "AutoModelForMaskedLM" if "MaskedLM" in arch else "AutoModelForCausalLM"
     how = (f"```python\nfrom transformers import AutoTokenizer, {auto}\n"
            f"model = {auto}.from_pretrained('PATH')  # {config['architectures'][0]}\n"
            + ("tokenizer = AutoTokenizer.from_pretrained('PATH')\n" if tokenizer else "") + "```")

@@ -4,7 +4,8 @@ What maps to what (the inverse of :mod:`tk.core.exchange.convert_bert` for the e
 
 - a text classifier (core :class:`TextEncoder` + BERT's pooler + linear head), BERT-shaped
   (learned positions, post-norm LayerNorm, GELU/ReLU, biases, [CLS] pooling, ``model.pooler``)
-  -> ``BertForSequenceClassification``, tensor for tensor;
+  -> ``BertForSequenceClassification``, tensor for tensor; a masked LM (the encoder + BERT's
+  prediction head) -> ``BertForMaskedLM``;
 - a :class:`DecoderOnlyLM` with learned positions + LayerNorm + GELU/ReLU (pre-norm, biases)
   -> ``GPT2LMHeadModel``; with rotary positions + RMSNorm + SwiGLU -> ``LlamaForCausalLM``.
 
@@ -28,7 +29,7 @@ from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM
 
-__all__ = ["bert_export", "hf_export", "lm_export", "write_hf_folder"]
+__all__ = ["bert_export", "bert_mlm_export", "hf_export", "lm_export", "write_hf_folder"]
 
 _SPECIALS = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]",
              "mask_token": "[MASK]"}
@@ -60,20 +61,11 @@ def _qkv(sd: dict[str, Tensor], prefix: str, cfg: TransformerConfig) -> list[tup
 
 
 # -- BERT ------------------------------------------------------------------------------
-def bert_export(model: nn.Module, labels: list[Any] | None, multi_label: bool = False) -> tuple[dict, dict]:
-    """``(config.json dict, state dict)`` of ``BertForSequenceClassification`` for a tk
-    text classifier (``model.encoder`` a :class:`TextEncoder`, ``model.head`` a linear layer).
-
-    Raises:
-        TkError: a shape BERT cannot express, naming the key and value.
-    """
+def _bert_encoder(model: nn.Module, target: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """``bert.embeddings.*`` + ``bert.encoder.*`` tensors and the config keys they share, for
+    ``model.encoder`` (a :class:`TextEncoder`) of a text classifier or a masked LM."""
     enc: TextEncoder = model.encoder
-    cfg, target = enc.cfg, "BertForSequenceClassification"
-    if model.pooling != "cls":
-        raise _refuse("model.pooling", model.pooling, target, "its classifier reads the [CLS] token")
-    if getattr(model, "pooler", None) is None:  # transformers' class always applies one
-        raise _refuse("model.pooler", False, target, "it always applies BERT's pooler, dense + tanh, to [CLS]; "
-                      "train with model.pooler=true")
+    cfg = enc.cfg
     _require(cfg, target, {"pos_encoding": ("learned",), "norm": ("layernorm",), "norm_first": (False,),
                            "final_norm": (False,), "activation": ("gelu", "relu"), "bias": (True,)})
     sd = model.state_dict()
@@ -92,20 +84,64 @@ def bert_export(model: nn.Module, labels: list[Any] | None, multi_label: bool = 
                      ("intermediate.dense", "mlp.fc1"), ("output.dense", "mlp.fc2"), ("output.LayerNorm", "norm2")):
             for kind in ("weight", "bias"):
                 out[f"{dst}{a}.{kind}"] = sd[f"{src}{b}.{kind}"]
+    config = {
+        "architectures": [target], "model_type": "bert", "vocab_size": sd["encoder.tok_embed.weight"].shape[0],
+        "hidden_size": cfg.dim, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.ffn_dim, "hidden_act": cfg.activation, "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attn_dropout_p, "max_position_embeddings": cfg.max_len,
+        "type_vocab_size": types.shape[0], "layer_norm_eps": cfg.norm_eps, "pad_token_id": enc.pad_id,
+        "position_embedding_type": "absolute", "torch_dtype": "float32",
+    }
+    return out, config
+
+
+def bert_export(model: nn.Module, labels: list[Any] | None, multi_label: bool = False) -> tuple[dict, dict]:
+    """``(config.json dict, state dict)`` of ``BertForSequenceClassification`` for a tk
+    text classifier (``model.encoder`` a :class:`TextEncoder`, ``model.pooler`` BERT's pooler,
+    ``model.head`` a linear layer), tensor for tensor.
+
+    Raises:
+        TkError: a shape BERT cannot express, naming the key and value.
+    """
+    target = "BertForSequenceClassification"
+    if model.pooling != "cls":
+        raise _refuse("model.pooling", model.pooling, target, "its classifier reads the [CLS] token")
+    if getattr(model, "pooler", None) is None:  # transformers' class always applies one
+        raise _refuse("model.pooler", False, target, "it always applies BERT's pooler, dense + tanh, to [CLS]; "
+                      "train with model.pooler=true")
+    out, config = _bert_encoder(model, target)
+    sd = model.state_dict()
     out["bert.pooler.dense.weight"], out["bert.pooler.dense.bias"] = sd["pooler.weight"], sd["pooler.bias"]
     out["classifier.weight"], out["classifier.bias"] = sd["head.weight"], sd["head.bias"]
     num_labels = out["classifier.weight"].shape[0]
     names = [str(x) for x in labels] if labels and len(labels) == num_labels else [f"LABEL_{i}" for i in range(num_labels)]
-    config = {
-        "architectures": [target], "model_type": "bert", "vocab_size": out["bert.embeddings.word_embeddings.weight"].shape[0], "hidden_size": cfg.dim,
-        "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.ffn_dim,
-        "hidden_act": cfg.activation, "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob":
-        cfg.attn_dropout_p, "max_position_embeddings": cfg.max_len, "type_vocab_size": types.shape[0],
-        "layer_norm_eps": cfg.norm_eps, "pad_token_id": enc.pad_id, "position_embedding_type": "absolute",
+    config.update({
         "classifier_dropout": model.drop.p, "id2label": dict(enumerate(names)),
-        "label2id": {n: i for i, n in enumerate(names)}, "torch_dtype": "float32",
+        "label2id": {n: i for i, n in enumerate(names)},
         "problem_type": "multi_label_classification" if multi_label else "single_label_classification",
-    }
+    })
+    return config, out
+
+
+def bert_mlm_export(model: nn.Module) -> tuple[dict, dict]:
+    """``(config.json dict, state dict)`` of ``BertForMaskedLM`` for a tk masked LM
+    (``model.head``: BERT's prediction head, its decoder tied to the token embedding).
+
+    Raises:
+        TkError: a shape BERT cannot express, or a head activation other than the encoder's
+            (transformers' head uses ``hidden_act``, tk's GELU).
+    """
+    target = "BertForMaskedLM"
+    if model.encoder.cfg.activation != "gelu":
+        raise _refuse("model.activation", model.encoder.cfg.activation, target,
+                      "its prediction head uses the encoder's activation, tk's head GELU; it needs 'gelu'")
+    out, config = _bert_encoder(model, target)
+    sd = model.state_dict()
+    for a, b in (("transform.dense", "head.dense"), ("transform.LayerNorm", "head.norm")):
+        for kind in ("weight", "bias"):
+            out[f"cls.predictions.{a}.{kind}"] = sd[f"{b}.{kind}"]
+    out["cls.predictions.bias"] = sd["head.bias"]  # the decoder's weight is the tied word embedding
+    config["tie_word_embeddings"] = True
     return config, out
 
 
@@ -205,10 +241,13 @@ def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
     """
     if isinstance(getattr(model, "encoder", None), TextEncoder) and isinstance(getattr(model, "head", None), nn.Linear):
         return bert_export(model, getattr(task, "labels", None), bool(getattr(task, "multi_label", False)))
+    if isinstance(getattr(model, "encoder", None), TextEncoder) and hasattr(getattr(model, "head", None), "decoder"):
+        return bert_mlm_export(model)
     if isinstance(model, DecoderOnlyLM):
         return lm_export(model, task.model_cfg)
     raise TkError(f"--format hf: task {task.name!r} has a {type(model).__name__}, which has no transformers "
-                  f"export (text classifiers -> BERT, language models -> GPT-2/Llama); use --format safetensors")
+                  f"export (text classifiers and masked LMs -> BERT, language models -> GPT-2/Llama); use "
+                  f"--format safetensors")
 
 
 def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:

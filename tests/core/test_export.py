@@ -94,6 +94,23 @@ def test_lm_to_transformers_greedy_tokens_match(tmp_path, shape, hf_class):
         torch.testing.assert_close(hf(prompt).logits, model(prompt), atol=1e-5, rtol=1e-5)
 
 
+def test_mlm_to_bert_for_masked_lm_matches_tk_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    run = make_run(tmp_path / "mlm", "mlm_synthetic", "data.num_sentences=300", "model.dim=32", "model.depth=2",
+                   "model.norm_first=false", "tokenizer.vocab_size=100", "data.max_len=32")
+    out = export(run, "hf")
+    task, model = load_run(run, "best")
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "BertForMaskedLM"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    batch = tokenizer(["the cat [MASK] on the mat", "a dog"], padding=True, return_tensors="pt")
+    ids = batch["input_ids"]
+    assert (ids == tokenizer.mask_token_id).any() and (ids == tokenizer.pad_token_id).any()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(**batch).logits, model(ids), atol=1e-5, rtol=1e-5)
+    assert "AutoModelForMaskedLM" in (out / "README.md").read_text()
+
+
 def test_vit_to_timm_matches_tk_logits(vit_run):
     timm = pytest.importorskip("timm")
     out = export(vit_run, "timm")
