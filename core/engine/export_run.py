@@ -9,17 +9,16 @@ end, so a failed export leaves nothing behind (:mod:`tk.core.run.outputs`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-import tk
 from tk.core.engine.inference import load_run_source
 from tk.core.errors import TkError
-from tk.core.exchange.export import export_safetensors
+from tk.core.exchange.card import model_card
+from tk.core.exchange.export import export_safetensors, tk_metadata
 from tk.core.exchange.export_graph import example_inputs, export_onnx, export_program
 from tk.core.exchange.export_hf import hf_export, write_hf_folder
 from tk.core.exchange.export_timm import timm_export, timm_hub_config, timm_load_code
@@ -41,21 +40,23 @@ def checkpoint_metrics(run_dir: Path, step: int | None) -> dict[str, float]:
     return found
 
 
-def _safetensors(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
-    export_safetensors(model, out / "model.safetensors", metadata={"format": "pt"})
+def _safetensors(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
+                 meta: dict[str, str]) -> tuple[list[str], str]:
+    export_safetensors(model, out / "model.safetensors", metadata=meta)
     files = ["model.safetensors"] + (["artifacts/"] if task.files.copy_to(out) else [])
     how = ("```python\nfrom safetensors.torch import load_file\nstate = load_file('model.safetensors')\n```\n"
            f"or with tk: `tk predict {run_dir} --weights model.safetensors INPUT...`")
     return files, how
 
 
-def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
+        meta: dict[str, str]) -> tuple[list[str], str]:
     config, state = hf_export(task, model)
     tokenizer = task.files.read_text("tokenizer.json") if task.files.exists("tokenizer.json") else None
     if tokenizer is not None and '"model"' not in tokenizer:  # an old char table, not a tokenizers file
         tokenizer = None
     max_len = config.get("max_position_embeddings") or config.get("n_positions")
-    files = write_hf_folder(out, config, state, tokenizer, max_len)
+    files = write_hf_folder(out, config, state, tokenizer, max_len, meta)
     arch = config["architectures"][0]
     auto = "AutoModelForSequenceClassification" if "SequenceClassification" in arch else \
         "AutoModelForMaskedLM" if "MaskedLM" in arch else "AutoModelForCausalLM"
@@ -65,22 +66,25 @@ def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[li
     return files, how
 
 
-def _timm(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+def _timm(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
+          meta: dict[str, str]) -> tuple[list[str], str]:
     name, kwargs, state = timm_export(task, model)
-    export_safetensors(state, out / "model.safetensors", metadata={"format": "pt"})
+    export_safetensors(state, out / "model.safetensors", metadata=meta)
     (out / "timm_model.json").write_text(json.dumps({"model_name": name, "kwargs": kwargs}, indent=2) + "\n",
                                          encoding="utf-8")
     img_size = kwargs.get("img_size") or task.data.img_size
     config = timm_hub_config(name, kwargs, img_size, task.data_config, getattr(task, "class_names", None))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    how = ("```python\nimport timm\nmodel = timm.create_model('local-dir:PATH', pretrained=True).eval()  # or 'hf-hub:USER/REPO' once "
-           "pushed\n# the run's input pipeline (size, mean/std, interpolation, crop_pct):\n"
+    how = ("```python\nimport timm\nmodel = timm.create_model('local-dir:PATH', pretrained=True).eval()"
+           "  # or 'hf-hub:USER/REPO' once pushed\n"
+           "# the run's input pipeline (size, mean/std, interpolation, crop_pct):\n"
            "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))\n"
            f"# without config.json: {timm_load_code(name, kwargs)}\n```")
     return ["config.json", "model.safetensors", "timm_model.json"], how
 
 
-def _program(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+def _program(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
+             meta: dict[str, str]) -> tuple[list[str], str]:
     inputs = example_inputs(task, model)
     torch.export.save(export_program(model, inputs), out / "model.pt2")
     how = (f"```python\nimport torch\nprogram = torch.export.load('model.pt2')\n"
@@ -88,7 +92,8 @@ def _program(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tup
     return ["model.pt2"], how
 
 
-def _onnx(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[list[str], str]:
+def _onnx(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
+          meta: dict[str, str]) -> tuple[list[str], str]:
     inputs = example_inputs(task, model)
     export_onnx(model, inputs, out / "model.onnx")
     how = (f"```python\nimport onnxruntime\nsession = onnxruntime.InferenceSession('model.onnx')\n"
@@ -98,26 +103,6 @@ def _onnx(run_dir: Path, task: Any, model: torch.nn.Module, out: Path) -> tuple[
 
 _WRITERS: dict[str, Callable[..., tuple[list[str], str]]] = {
     "safetensors": _safetensors, "hf": _hf, "timm": _timm, "torch-export": _program, "onnx": _onnx}
-
-
-def model_card(task: Any, fmt: str, source: dict[str, Any], metrics: dict[str, float], files: list[str],
-               how: str) -> str:
-    """The ``README.md`` written beside exported weights."""
-    cfg = task.cfg
-    recipe = cfg.to_yaml().rstrip()
-    metric_lines = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(metrics.items())) or "| (none logged) | |"
-    section = cfg.sections["data"]
-    data = json.dumps(dataclasses.asdict(section) if dataclasses.is_dataclass(section) else str(section), default=str)
-    weights = "EMA" if source["ema"] else "raw"
-    lora = getattr(cfg.sections.get("model"), "lora", None)
-    lora_line = (f"- LoRA: the rank-{lora.rank} adapters are merged into their base weights (no adapter tensors; "
-                 f"the model built without `model.lora`)\n" if lora is not None else "")
-    return (f"# {task.name}: exported with tk\n\n"
-            f"- task: `{task.name}`\n- format: `{fmt}` ({', '.join(files)})\n"
-            f"- checkpoint: `{Path(source['checkpoint']).name}`, step {source['step']}, {weights} weights\n"
-            f"{lora_line}- tk version: {tk.__version__}\n- data: `{data}`\n\n"
-            f"## Metrics of this checkpoint\n\n| metric | value |\n|---|---|\n{metric_lines}\n\n"
-            f"## How to load\n\n{how}\n\n## Recipe (resolved config)\n\n```yaml\n{recipe}\n```\n")
 
 
 def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, checkpoint: str = "best",
@@ -152,7 +137,8 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
     model = merge_lora(model.float().cpu().eval())
 
     def fill(tmp: Path) -> None:
-        files, how = _WRITERS[fmt](run_dir, task, model, tmp)
+        meta = tk_metadata(task.name, source["step"], tk_export_format=fmt)
+        files, how = _WRITERS[fmt](run_dir, task, model, tmp, meta)
         metrics = checkpoint_metrics(run_dir, source["step"])
         (tmp / "README.md").write_text(model_card(task, fmt, source, metrics, files, how), encoding="utf-8")
 

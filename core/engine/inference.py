@@ -15,7 +15,7 @@ from tk.core.artifacts import ARTIFACTS_DIR
 from tk.core.data.loader import LoaderSpec
 from tk.core.engine.predict import predict_batches
 from tk.core.errors import TkError
-from tk.core.exchange.export import average_checkpoints, export_safetensors
+from tk.core.exchange.export import average_checkpoints, export_safetensors, tk_metadata
 from tk.core.exchange.pretrained import (
     RECORD_FILE,
     TRANSFORMER_SHAPE_KEYS,
@@ -292,7 +292,7 @@ def average_run(run_dir: str | Path, last_k: int, output: str | Path, overwrite:
                                  WRITTEN_BY: "tk average"})
     else:
         check_merge(task.files.dir, output.parent / ARTIFACTS_DIR, output)
-        export_safetensors(averaged, output, metadata={"averaged_steps": ",".join(map(str, step_range)),
-                                                       WRITTEN_BY: "tk average"})
+        export_safetensors(averaged, output, metadata=tk_metadata(
+            task.name, step_range[-1], averaged_steps=",".join(map(str, step_range)), **{WRITTEN_BY: "tk average"}))
         task.files.copy_to(output.parent)
     return {"output": str(output), "steps": step_range}

@@ -23,7 +23,7 @@ from tk.core.distributed import agreed_log_keys, main_process_first
 from tk.core.engine.summary import ActivationMeter
 from tk.core.engine.trainer_state import load_trainer_state, trainer_state
 from tk.core.errors import TkError
-from tk.core.exchange.export import export_safetensors
+from tk.core.exchange.export import export_safetensors, tk_metadata
 from tk.core.optim import build_optimizer
 from tk.core.run.checkpoint import CheckpointManager, read_resume_checkpoint
 from tk.core.run.curves import CurvesWriter
@@ -71,8 +71,7 @@ class Trainer:
                  resume_from: str | Path | None = None) -> None:
         self.cfg, self.tcfg = cfg, cfg.train
         t = self.tcfg
-        self.rank = dist.rank if dist else 0
-        self.world_size = dist.world_size if dist else 1
+        self.rank, self.world_size = (dist.rank, dist.world_size) if dist else (0, 1)
         self.is_main = self.rank == 0
         self.device = dist.device if dist else resolve_device(t.device)
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -321,10 +320,11 @@ class Trainer:
                 results = self._loop(bar)
             # fsdp: the full weights gathered to rank 0 (a collective); else the module (LoRA written merged)
             weights = full_model_state(self.model) if is_fsdp(self.model) else self.model
-            if self.checkpoints is not None:
-                export_safetensors(weights, self.run_dir / "model.safetensors")
-                if self.ema is not None:
-                    export_safetensors(self.ema.module, self.run_dir / "model_ema.safetensors")
+            if self.checkpoints is not None:  # the headers name the task and step of the weights
+                meta = tk_metadata(self.cfg.task, self.step)
+                for name, module in (("model", weights), ("model_ema", self.ema and self.ema.module)):
+                    if module is not None:
+                        export_safetensors(module, self.run_dir / f"{name}.safetensors", meta)
         except TrainingInterrupted:
             self._status("interrupted")
             raise

@@ -18,7 +18,16 @@ from tk.core.nn.lora import merged_state_dict
 from tk.core.run.atomic import atomic_write
 from tk.core.run.checkpoint import load_checkpoint
 
-__all__ = ["export_safetensors", "average_checkpoints"]
+__all__ = ["export_safetensors", "average_checkpoints", "tk_metadata"]
+
+
+def tk_metadata(task: str, step: int | None, **extra: str) -> dict[str, str]:
+    """The safetensors header metadata of a file tk writes: ``format`` (``pt``, as transformers
+    and timm expect), the tk version, the task and the step of the weights."""
+    import tk  # the package version (tk/__init__.py)
+
+    return {"format": "pt", "tk_version": tk.__version__, "tk_task": task,
+            "tk_step": "" if step is None else str(step), **extra}
 
 
 def export_safetensors(

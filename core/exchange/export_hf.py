@@ -270,7 +270,7 @@ def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:
 
 
 def write_hf_folder(out: Path, config: dict, state: dict[str, Tensor], tokenizer_json: str | None,
-                    max_len: int) -> list[str]:
+                    max_len: int, metadata: dict[str, str] | None = None) -> list[str]:
     """Write ``config.json``, ``model.safetensors`` and (given a tokenizer) ``tokenizer.json`` +
     ``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``) into ``out``; a causal LM also
     gets its bos/eos/pad ids in ``config.json`` and ``generation_config.json`` (and left
@@ -285,7 +285,7 @@ def write_hf_folder(out: Path, config: dict, state: dict[str, Tensor], tokenizer
         (out / "generation_config.json").write_text(json.dumps(token_ids, indent=2) + "\n", encoding="utf-8")
         files.append("generation_config.json")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    export_safetensors(state, out / "model.safetensors", metadata={"format": "pt"})
+    export_safetensors(state, out / "model.safetensors", metadata={"format": "pt", **(metadata or {})})
     if tokenizer_json is not None:
         tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **specials}
         if config.get("model_type") in ("gpt2", "llama"):

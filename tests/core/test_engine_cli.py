@@ -75,7 +75,7 @@ def test_average_of_the_last_checkpoints(trained, tmp_path):
     averaged = load_file(out)
     for key in states[0]:
         torch.testing.assert_close(averaged[key], sum(s[key] for s in states) / 3)
-    too_many = invoke("average", trained, "--last", "9", "-o", out)
+    too_many = invoke("average", trained, "--last", "9", "-o", tmp_path / "avg9.safetensors")
     assert too_many.exit_code == 2 and "holds 4 step checkpoint(s) (10, 20, 30, 40)" in too_many.stderr
 
 

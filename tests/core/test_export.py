@@ -30,6 +30,9 @@ def tk(*args: str):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+tk_cli = tk  # where a test needs the name tk for the package
+
+
 def make_run(path, recipe, *overrides):
     result = tk("run", recipe, f"output_dir={path}", *FAST, *overrides)
     assert result.exit_code == 0, result.output
@@ -174,6 +177,32 @@ def test_graph_exports_match_eager_at_two_batch_sizes(textcls_run, vit_run, fmt)
         for part in (batch[:1], batch):  # two batch sizes (and, for text, two lengths)
             with torch.no_grad():
                 torch.testing.assert_close(run_graph(part), net(part), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "safetensors"])
+def test_the_card_is_one_the_hub_reads_and_the_weights_say_where_they_come_from(textcls_run, tmp_path, fmt):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from safetensors import safe_open
+
+    import tk
+
+    out = tmp_path / fmt
+    assert tk_cli("export", textcls_run, "--format", fmt, "-o", out).exit_code == 0
+    card = huggingface_hub.ModelCard.load(out / "README.md")
+    data = card.data.to_dict()
+    assert data.get("library_name") == ("transformers" if fmt == "hf" else None)
+    assert data["pipeline_tag"] == "text-classification" and set(data["tags"]) == {"tk", "text_classification", fmt}
+    logged = [r for r in map(json.loads, (textcls_run / "metrics.jsonl").read_text().splitlines())
+              if r.get("split") == "val"]
+    results = {r.metric_name: r.metric_value for r in card.data.eval_results}
+    best = max(logged, key=lambda r: r["val/top1"]) if fmt else None
+    assert results["val/top1"] == pytest.approx(best["val/top1"]) and "val/loss" in results
+    assert "# text_classification: exported with tk" in card.text
+    for path in (out / "model.safetensors", textcls_run / "model.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+        assert meta["format"] == "pt" and meta["tk_version"] == tk.__version__
+        assert meta["tk_task"] == "text_classification" and int(meta["tk_step"]) > 0
 
 
 def test_an_hf_export_trains_on_in_transformers_as_in_tk(textcls_run):
