@@ -16,9 +16,7 @@ from torch.utils.data import Dataset
 
 from tk.core.distill import DistillConfig, check_same_teacher, distillation_loss
 from tk.core.engine.inference import (
-    TRANSFORMER_SHAPE_KEYS,
     SourceRun,
-    adopt_shape,
     load_backbone,
     open_source,
     write_record,
@@ -28,8 +26,8 @@ from tk.core.exchange.convert_bert import (
     bert_config,
     is_hub_id,
     load_bert_weights,
-    read_bert_pooler,
     read_bert_config,
+    read_bert_pooler,
     resolve_pretrained_dir,
 )
 from tk.core.losses import cross_entropy_sum
@@ -51,31 +49,24 @@ from tk.plugins.text_classification.data import (
 from tk.plugins.text_classification.distill import TextTeacher, check_text_distill
 from tk.plugins.text_classification.metrics import build_metrics
 from tk.plugins.text_classification.model import ModelConfig, TextClassifier
+from tk.plugins.text_classification.pretrained import (
+    ENCODER_PREFIX,
+    SHAPE_KEYS,
+    SOURCE_TASKS,
+    TOKENIZER_FILE,
+    ignored_arch_keys,
+    tokenizer_and_spec,
+)
 
 log = logging.getLogger(__name__)
 
 LABELS_FILE = "labels.json"  # task file: the label values in class-index order
-TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (trained, or the pretrained model's)
 ENCODER_FILE = "encoder.json"  # task file (fine-tuning): the encoder shape read from config.json or the source run
-SOURCE_TASKS = ("text_classification", "mlm")  # runs whose model keeps a core TextEncoder under ENCODER_PREFIX
-ENCODER_PREFIX = "encoder."
-# model.* keys a source run's config.yaml sets (the positions come from its table, or data.max_len)
-SHAPE_KEYS = tuple(k for k in TRANSFORMER_SHAPE_KEYS if k not in ("max_len", "tie_embeddings", "share_embeddings"))
+
 
 
 def _label_key(label: Any) -> tuple[str, Any]:
     return (type(label).__name__, label)
-
-
-# model.* keys that shape a from-scratch encoder; a pretrained checkpoint's config.json sets them
-# (model.dropout is the exception: it overrides the checkpoint's dropout)
-_ARCH_KEYS = tuple(f.name for f in dataclasses.fields(TransformerConfig) if f.name != "dropout")
-
-
-def ignored_arch_keys(m: ModelConfig) -> list[str]:
-    """``model.*`` architecture keys set away from their defaults, which an HF ``model.pretrained_from`` overrides."""
-    default = ModelConfig()
-    return [k for k in _ARCH_KEYS if getattr(m, k) != getattr(default, k)]
 
 
 class TextClassificationTask(Task):
@@ -121,7 +112,7 @@ class TextClassificationTask(Task):
         task, spec = cls(cfg), cfg.sections["model"].pretrained_from
         try:
             if task.source is not None:
-                task._from_source(task.source)
+                tokenizer_and_spec(task.model_cfg, task.source, task.data.max_len)
             elif spec is not None and not is_hub_id(spec):  # a local HF folder (a hub id downloads in setup)
                 read_bert_config(task.pretrained_path)
         except TkError as e:
@@ -174,7 +165,7 @@ class TextClassificationTask(Task):
             if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
         if m.pretrained_from is not None and self.encoder_spec is None and self.source is not None:
-            tokenizer, self.encoder_spec = self._from_source(self.source)  # fresh runs only: later ones read files
+            tokenizer, self.encoder_spec = tokenizer_and_spec(m, self.source, self.data.max_len)  # fresh runs only: later ones read files
             self.tokenizer = self.tokenizer or tokenizer
             if not resume:  # the source's own file, byte for byte: the new run dir is self-contained
                 self.source.copy_files(self.files, [TOKENIZER_FILE])
@@ -198,31 +189,6 @@ class TextClassificationTask(Task):
                                (ENCODER_FILE, json.dumps(self.encoder_spec) if self.encoder_spec else None)):
                 if text is not None and not self.files.exists(name):
                     self.files.write_text(name, text)
-
-    def _from_source(self, source: SourceRun) -> tuple[TextTokenizer, dict[str, Any]]:
-        """The tokenizer and the encoder spec of a source run (checked against each other)."""
-        spec = self._source_encoder_spec(source)
-        tokenizer = TextTokenizer.from_str(source.read_file(TOKENIZER_FILE))
-        if tokenizer.vocab_size != spec["vocab_size"]:
-            raise TkError(f"model.pretrained_from: {source.spec}'s {TOKENIZER_FILE} has {tokenizer.vocab_size} tokens "
-                          f"but its embedding {spec['vocab_size']} rows; give the run dir the checkpoint belongs to")
-        return tokenizer, spec
-
-    def _source_encoder_spec(self, source: SourceRun) -> dict[str, Any]:
-        """The encoder of a source run: its config's shape keys (a recipe value that disagrees is an
-        error), its position table's length (else data.max_len), its embeddings' vocabulary sizes."""
-        m = adopt_shape(self.model_cfg, source.section("model"), SHAPE_KEYS)
-        weights = source.weights()
-        tok = weights.get(f"{ENCODER_PREFIX}tok_embed.weight")
-        if tok is None:
-            raise TkError(f"model.pretrained_from: {source.spec} has no tensor {ENCODER_PREFIX}tok_embed.weight: its "
-                          f"model keeps no core TextEncoder under {ENCODER_PREFIX!r}")
-        pos, types = weights.get(f"{ENCODER_PREFIX}pos_embed.weight"), weights.get(f"{ENCODER_PREFIX}type_embed.weight")
-        cfg = TransformerConfig.of(m, max_len=pos.shape[0] if pos is not None else self.data.max_len)
-        log.debug("model.pretrained_from: the encoder of %s (%s run, %s): dim %d, depth %d",
-                  source.spec, source.task, source.checkpoint.name, cfg.dim, cfg.depth)
-        return {"cfg": dataclasses.asdict(cfg), "vocab_size": int(tok.shape[0]),
-                "type_vocab_size": int(types.shape[0]) if types is not None else 0}
 
     def state_dict(self) -> dict[str, Any]:
         record = self._teacher.record if self._teacher is not None else self._saved_teacher
