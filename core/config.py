@@ -74,6 +74,9 @@ class RunConfig:
     output_dir: str  # run directory
     source: str = ""  # recipe file the config came from
     name: str = ""  # recipe name (file stem)
+    # the "section.key" of every command-line override (None: unknown, a config built in code); not part of
+    # to_dict: a shape key typed beside model.pretrained_from must match the source even at its default
+    given: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as a recipe mapping (loadable again with ``load_config``)."""

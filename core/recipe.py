@@ -266,7 +266,8 @@ def load_config(recipe: str | Path, overrides: list[str] = (), *, task_loader=No
     errors = _name_overrides(errors + problems, parsed)
     if errors:
         raise ConfigError(source, errors)
-    return _run_config(raw["task"], sections, output_dir, path), task_cls
+    given = frozenset(".".join(keys) for (keys, _), _ in parsed)
+    return dataclasses.replace(_run_config(raw["task"], sections, output_dir, path), given=given), task_cls
 
 
 def _lookup(raw: dict[str, Any], keys: list[str]) -> tuple[bool, Any]:

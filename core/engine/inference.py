@@ -21,6 +21,7 @@ from tk.core.exchange.pretrained import (
     TRANSFORMER_SHAPE_KEYS,
     SourceRun,
     adopt_shape,
+    describe_shape,
     load_backbone,
     open_source,
     read_record,
@@ -46,7 +47,7 @@ from tk.core.training.precision import Precision
 __all__ = ["average_run", "evaluate_run", "load_run", "load_run_source", "predict_run", "resolve_checkpoint",
            "step_checkpoints",
            # a run as a pretrained source (tk.core.exchange.pretrained), for the plugins' setup/init_pretrained
-           "RECORD_FILE", "TRANSFORMER_SHAPE_KEYS", "SourceRun", "adopt_shape", "load_backbone", "open_source",
+           "RECORD_FILE", "TRANSFORMER_SHAPE_KEYS", "SourceRun", "adopt_shape", "describe_shape", "load_backbone", "open_source",
            "read_record", "shape_conflicts", "write_record"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")

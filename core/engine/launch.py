@@ -11,6 +11,7 @@ torchrun: https://pytorch.org/docs/stable/elastic/run.html
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import shlex
@@ -287,8 +288,12 @@ def _train(cfg, task_cls, run_dir: Path, dist, resume: bool, resume_from: str | 
             if not resume or resume_from is not None:
                 raise
             raise _unreadable_last(e, run_dir, command) from e
-        if resume and is_main:  # the settings the run continues with (e.g. a longer max_steps)
-            (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        # the settings the run continues with (e.g. a longer max_steps), and the model as built (the
+        # shape a model.pretrained_from source gave it): what eval, predict and export rebuild
+        model_cfg = trainer.task.model_cfg if "model" in cfg.sections else None
+        built = dataclasses.replace(cfg, sections={**cfg.sections, "model": model_cfg}) if model_cfg else cfg
+        if is_main and (resume or built.to_dict() != cfg.to_dict()):
+            (run_dir / "config.yaml").write_text(built.to_yaml(), encoding="utf-8")
         if is_main and trainer.checkpoints is not None:
             trainer.checkpoints.add_save_hook(on_save)
             trainer.save_on_failure = lambda: not aside_kept

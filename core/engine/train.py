@@ -78,11 +78,11 @@ class Trainer:
         self.log = RunLog(self.run_dir, enabled=self.is_main, csv="csv" in t.loggers)
         seed_everything(t.seed + self.rank, t.deterministic)
         self.precision = Precision(t.precision, self.device, autocast=autocast_needed(t.strategy, self.device))
-
         state = read_resume_checkpoint(resume_from, self.device) if resume_from is not None else None
         loaders = partial(run_loaders, t=t, rank=self.rank, world_size=self.world_size, device=self.device)
-        built = assemble(cfg, task_cls, self.run_dir, "resume" if state else "train", state=state,
-                         build_data=loaders, main_first=main_process_first)
+        with self.log.messages():  # what the assembly reports (a pretrained source, adapters) goes to train.log
+            built = assemble(cfg, task_cls, self.run_dir, "resume" if state else "train", state=state,
+                             build_data=loaders, main_first=main_process_first)
         self.task, self.model = built.task, built.model
         self.train_loader, self.val_loader = built.data
         self.batches, self.steps_per_epoch = batch_stream(self.train_loader, t, self.rank, self.world_size,

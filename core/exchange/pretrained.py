@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from tk.core.run.checkpoint import load_checkpoint
 from tk.core.run.shards import SHARDS_KEY
 
 __all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_source", "shape_conflicts",
-           "adopt_shape", "load_backbone", "write_record", "read_record"]
+           "adopt_shape", "load_backbone", "write_record", "read_record", "describe_shape"]
 
 # the model-section keys of core's TransformerConfig that shape a backbone's tensors (or its
 # computation): a run started from another takes these from the source's config
@@ -189,33 +189,51 @@ def _check_task(source: SourceRun, task: str, accepts: Sequence[str]) -> None:
 
 
 def shape_conflicts(section: Any, source_values: Mapping[str, Any], keys: Iterable[str],
-                    prefix: str = "model") -> list[str]:
-    """The shape keys a recipe sets against the source: one line per key whose value is not
-    the section's default and differs from the source run's (a key left at its default takes
-    the source's value, see :func:`adopt_shape`)."""
+                    prefix: str = "model", given: Collection[str] | None = None) -> list[str]:
+    """The shape keys a recipe sets against the source: one line per key whose value differs
+    from the source run's and that is either away from the section's default or typed as an
+    override (``given``: ``"model.dim"``, ... as :attr:`RunConfig.given` holds them; so
+    ``model.dim=128`` typed beside ``model.pretrained_from`` is not silently dropped when 128 is
+    the default). Any other key takes the source's value (see :func:`adopt_shape`)."""
     default = type(section)()
     problems = []
     for key in keys:
         if key not in source_values or not hasattr(section, key):
             continue
         mine, theirs = getattr(section, key), source_values[key]
-        if mine != theirs and mine != getattr(default, key):
+        written = mine != getattr(default, key) or (given is not None and f"{prefix}.{key}" in given)
+        if mine != theirs and written:
             problems.append(f"{prefix}.{key}: the recipe sets {mine!r} but the {KEY} run was trained with "
                             f"{theirs!r}; the source's shape is used, so remove {prefix}.{key} or set it to {theirs!r}")
     return problems
 
 
-def adopt_shape(section: Any, source_values: Mapping[str, Any], keys: Iterable[str]) -> Any:
+def adopt_shape(section: Any, source_values: Mapping[str, Any], keys: Iterable[str],
+                given: Collection[str] | None = None) -> Any:
     """``section`` (a dataclass) with the shape ``keys`` set to the source run's values.
 
     Raises:
         TkError: :func:`shape_conflicts` found a recipe value that disagrees (the first one).
     """
-    problems = shape_conflicts(section, source_values, keys)
-    if problems:
+    problems = shape_conflicts(section, source_values, keys, given=given)
+    if len(problems) == 1:
         raise TkError(problems[0])
+    if problems:  # every conflict, in one line
+        found = [(k, getattr(section, k), source_values[k]) for k in keys if any(p.startswith(f"model.{k}:")
+                                                                                 for p in problems)]
+        raise TkError(f"the recipe's model shape differs from the {KEY} run's in {len(found)} keys: "
+                      + ", ".join(f"model.{k}={mine!r} (the source: {theirs!r})" for k, mine, theirs in found)
+                      + "; the source's shape is used, so remove these keys or set them to the source's values")
     names = {f.name for f in dataclasses.fields(section)}
     return dataclasses.replace(section, **{k: source_values[k] for k in keys if k in source_values and k in names})
+
+
+def describe_shape(cfg: Any) -> str:
+    """``dim=256, depth=6, num_heads=8, ...``: the shape keys a model was built with (for the
+    line a run logs about its pretrained source)."""
+    keys = ("dim", "depth", "num_heads", "num_kv_heads", "mlp_ratio", "hidden_dim", "activation", "norm",
+            "norm_first", "pos_encoding", "patch_size")
+    return ", ".join(f"{k}={getattr(cfg, k)}" for k in keys if getattr(cfg, k, None) is not None)
 
 
 def load_backbone(model: nn.Module, weights: Mapping[str, torch.Tensor], prefix: str = "",

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import time
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from tqdm.auto import tqdm
 
@@ -45,6 +47,26 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"  # pragma: no cover
+
+
+class _TaskMessages(logging.Handler):
+    """Routes INFO+ records of the ``tk.*`` loggers (what a task or the engine reports while a
+    run is assembled: a pretrained source loaded, adapters added) to the :class:`RunLog` inside
+    whose :meth:`RunLog.messages` block they happen: ``train.log`` and the console. Outside
+    one, warnings reach stderr as they would without this handler; INFO is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.target: RunLog | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.target is not None:
+            self.target.echo(record.getMessage())
+        elif record.levelno >= logging.WARNING and logging.lastResort is not None:
+            logging.lastResort.handle(record)  # no run open: warnings reach stderr as without this handler
+
+
+_MESSAGES = _TaskMessages()
 
 
 class RunLog:
@@ -118,6 +140,25 @@ class RunLog:
         """Flush the loggers' buffers (before a checkpoint: what it covers is then on disk)."""
         for logger in self.loggers:
             logger.flush()
+
+    @contextlib.contextmanager
+    def messages(self) -> Iterator[None]:
+        """Inside the block, the INFO+ messages of the ``tk.*`` loggers (what a task reports while
+        a run is assembled) are echoed here: ``train.log`` and the console."""
+        if not self.enabled:
+            yield
+            return
+        tk_logger = logging.getLogger("tk")
+        before = (_MESSAGES.target, tk_logger.level)
+        _MESSAGES.target = self
+        if _MESSAGES not in tk_logger.handlers:
+            tk_logger.addHandler(_MESSAGES)
+        tk_logger.setLevel(logging.INFO)
+        try:
+            yield
+        finally:
+            _MESSAGES.target, level = before
+            tk_logger.setLevel(level)
 
     def close(self) -> None:
         """Close the loggers opened by :meth:`add_loggers`."""

@@ -19,6 +19,7 @@ task files), then on the other ranks, which find what rank 0 wrote.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Literal, Mapping
@@ -28,6 +29,8 @@ from torch import nn
 from tk.core.config import RunConfig
 from tk.core.nn.lora import apply_lora
 from tk.core.task import Task
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Mode", "AssembledRun", "assemble", "MODES"]
 
@@ -77,5 +80,20 @@ def assemble(cfg: RunConfig, task_cls: type[Task], run_dir: str | Path | None, m
         task.init_pretrained(model)
     lora = getattr(cfg.sections.get("model"), "lora", None)
     if lora is not None:
-        apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.trainable)
+        adapted = apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.trainable)
+        if mode == "train":  # in train.log: what trains and what is frozen
+            log.info(lora_report(model, adapted, lora.rank))
     return AssembledRun(task, model, data)
+
+
+def lora_report(model: nn.Module, adapted: list[str], rank: int) -> str:
+    """One line: the adapted layers, what else trains, how much is frozen."""
+    params = list(model.named_parameters())
+    train = [(n, p) for n, p in params if p.requires_grad]
+    others = sorted(n for n, _ in train if not n.endswith((".lora_A", ".lora_B")))
+    frozen = [p for _, p in params if not p.requires_grad]
+    shown = ", ".join(adapted[:4]) + (f", ... ({len(adapted)} in all)" if len(adapted) > 4 else "")
+    return (f"model.lora: rank-{rank} adapters on {len(adapted)} Linear layers ({shown}); "
+            f"{sum(p.numel() for _, p in train):,} parameters train (the adapters"
+            + (f" and {', '.join(others)}" if others else "") + f"), {len(frozen)} tensors "
+            f"({sum(p.numel() for p in frozen):,} parameters) are frozen")

@@ -9,7 +9,8 @@ initialised for the task's classes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from torch import nn
 from tk.core.engine.inference import SourceRun, adopt_shape, open_source
 from tk.core.errors import TkError
 from tk.core.nn.vit import VisionTransformer, load_timm_vit
+
+log = logging.getLogger(__name__)
 
 HEADS = ("head.", "head_dist.", "fc.", "classifier.")  # classifier prefixes (ViT, ResNet, others): re-initialised
 
@@ -44,7 +47,7 @@ VIT_SHAPE_KEYS = ("dim", "depth", "num_heads", "num_kv_heads", "mlp_ratio", "hid
                   "norm_eps", "final_norm", "bias", "patch_size", "stem", "pooling", "distilled")
 
 
-def open_vit_run(m: Any, img_size: int) -> tuple[SourceRun, Any] | None:
+def open_vit_run(m: Any, img_size: int, given: Collection[str] | None = None) -> tuple[SourceRun, Any] | None:
     """``model.pretrained_from`` as a tk ViT run (None where it names a file or a timm model):
     the run and the ``model:`` section with the run's shape (a recipe key that disagrees is an error).
 
@@ -63,7 +66,7 @@ def open_vit_run(m: Any, img_size: int) -> tuple[SourceRun, Any] | None:
         raise TkError(f"model.pretrained_from: {m.pretrained_from} is a run of timm {timm_name!r}; starting from a "
                       f"timm run is not supported yet: give a tk ViT (arch: vit) run, or a timm weights file")
     # a run from before the `stem` key had the patch stem
-    adopted = adopt_shape(m, {"stem": "patch", **source.section("model")}, VIT_SHAPE_KEYS)
+    adopted = adopt_shape(m, {"stem": "patch", **source.section("model")}, VIT_SHAPE_KEYS, given)
     if img_size % adopted.patch_size:
         raise TkError(f"data.img_size ({img_size}) must be a multiple of the model.pretrained_from run's "
                       f"model.patch_size ({adopted.patch_size})")
@@ -138,7 +141,32 @@ def load_pretrained_vit(model: VisionTransformer, path: str | None, timm_name: s
     try:
         load_timm_vit(model, state)
     except ValueError as e:
-        raise TkError(f"model.pretrained_from: {path or timm_name} does not fit the model: {e}") from e
+        raise TkError(f"model.pretrained_from: {path or timm_name} does not fit the model: {e} (the weights: "
+                      f"{describe_vit_weights(weights)}; the model: {describe_vit_weights(own)})") from e
+    heads = sorted({k.split(".")[0] for k in own if _is_head(k)})
+    theirs = weights.get("head.weight")
+    loaded = sum(not _is_head(k) for k in weights)
+    log.info("model.pretrained_from: %d tensors from %s; new: %s (%d classes%s)%s", loaded,
+             path or timm_name, ", ".join(heads), model.num_classes,
+             f", the source's head had {theirs.shape[0]}" if theirs is not None else "",
+             _resampled(weights.get("pos_embed"), own.get("pos_embed"), model))
+
+
+def describe_vit_weights(state: dict[str, torch.Tensor]) -> str:
+    """``dim 192, depth 12, patch 16, 197 positions``: what a ViT state dict's tensors say."""
+    proj, pos = state.get("patch_embed.proj.weight"), state.get("pos_embed")
+    depth = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    parts = [f"dim {proj.shape[0]}" if proj is not None else None, f"depth {depth}",
+             f"patch {proj.shape[-1]}" if proj is not None and proj.dim() == 4 else None,
+             f"{pos.shape[1]} positions" if pos is not None else None]
+    return ", ".join(p for p in parts if p)
+
+
+def _resampled(theirs: torch.Tensor | None, own: torch.Tensor | None, model: nn.Module) -> str:
+    if theirs is None or own is None or theirs.shape == own.shape:
+        return ""
+    return (f"; position table resampled from {theirs.shape[1]} to {own.shape[1]} positions "
+            f"({'x'.join(map(str, model.patch_embed.grid))} patches)")
 
 
 def _hub_state_dict(name: str) -> dict[str, torch.Tensor]:

@@ -99,7 +99,7 @@ class ImageClassificationTask(Task):
     def check_fresh_run(cls, cfg: Any) -> list[str]:
         """A tk ViT run in ``model.pretrained_from``: readable, of this task, of the recipe's shape."""
         try:
-            opened = open_vit_run(cfg.sections["model"], cfg.sections["data"].img_size)
+            opened = open_vit_run(cfg.sections["model"], cfg.sections["data"].img_size, cfg.given)
             if opened is not None:
                 opened[0].weights()
         except TkError as e:
@@ -141,7 +141,7 @@ class ImageClassificationTask(Task):
         task file ``classes.json``; a resumed, evaluated or predicting run reads it back. A fresh
         run from a tk ViT run (``model.pretrained_from``) takes its shape and normalisation."""
         record = read_record(self.files)
-        opened = open_vit_run(self.model_cfg, self.data.img_size) if not resume else None
+        opened = open_vit_run(self.model_cfg, self.data.img_size, self.cfg.given) if not resume else None
         if opened is not None:
             self.source, self.model_cfg = opened
             write_record(self.files, self.source, {k: getattr(self.model_cfg, k) for k in VIT_SHAPE_KEYS})

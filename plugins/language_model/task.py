@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,7 @@ from tk.core.engine.inference import (
     TRANSFORMER_SHAPE_KEYS,
     SourceRun,
     adopt_shape,
+    describe_shape,
     load_backbone,
     open_source,
     read_record,
@@ -56,6 +58,8 @@ SAMPLES_DIR = "samples"  # in the run dir: step_N.txt, a few generated continuat
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (a tokenizers JSON)
 TOKENS_FILE = "tokens.bin"  # task file: the whole corpus as one token array (uint16 / uint32)
 META_FILE = "tokens.json"  # task file: dtype, token and character counts of TOKENS_FILE
+
+log = logging.getLogger(__name__)
 
 
 class LanguageModelTask(Task):
@@ -162,7 +166,8 @@ class LanguageModelTask(Task):
             raise TkError(f"tokenizer.kind: the recipe asks for {self.tok_cfg.kind!r} but the model.pretrained_from "
                           f"run uses {theirs!r} (its tokenizer comes with it); remove tokenizer.kind or set it to "
                           f"{theirs!r}")
-        self.model_cfg = adopt_shape(self.model_cfg, source.section("model"), TRANSFORMER_SHAPE_KEYS)
+        self.model_cfg = adopt_shape(self.model_cfg, source.section("model"), TRANSFORMER_SHAPE_KEYS,
+                                     self.cfg.given)
         m = self.model_cfg
         if m.pos_encoding == "learned" and self.data.block_size > m.max_len:
             raise TkError(f"data.block_size ({self.data.block_size}) exceeds the model.pretrained_from run's "
@@ -245,7 +250,9 @@ class LanguageModelTask(Task):
     def init_pretrained(self, model: nn.Module) -> None:
         """``model.pretrained_from``: every weight of the source run's model (continued training)."""
         if self.source is not None:
-            load_backbone(model, self.source.weights())
+            loaded = load_backbone(model, self.source.weights())
+            log.info("model.pretrained_from: all %d tensors from %s (%s run, %s); shape: %s", len(loaded),
+                     self.source.spec, self.source.task, self.source.checkpoint.name, describe_shape(self.model_cfg))
             self.source = None  # done: drop the mapped checkpoint
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:

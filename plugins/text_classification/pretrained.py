@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from tk.core.engine.inference import TRANSFORMER_SHAPE_KEYS, SourceRun, adopt_shape
@@ -15,7 +16,7 @@ from tk.core.text import TextTokenizer
 from tk.plugins.text_classification.model import ModelConfig
 
 __all__ = ["SOURCE_TASKS", "ENCODER_PREFIX", "SHAPE_KEYS", "TOKENIZER_FILE", "tokenizer_and_spec",
-           "source_encoder_spec", "ignored_arch_keys"]
+           "source_encoder_spec", "hf_shape_problems"]
 
 log = logging.getLogger(__name__)
 
@@ -24,20 +25,31 @@ SOURCE_TASKS = ("text_classification", "mlm")  # runs whose model keeps a core T
 ENCODER_PREFIX = "encoder."
 # model.* keys a source run's config.yaml sets (the positions come from its table, or data.max_len)
 SHAPE_KEYS = tuple(k for k in TRANSFORMER_SHAPE_KEYS if k not in ("max_len", "tie_embeddings", "share_embeddings"))
-# model.* keys that shape a from-scratch encoder; a pretrained checkpoint's config.json sets them
-# (model.dropout is the exception: it overrides the checkpoint's dropout)
-_ARCH_KEYS = tuple(f.name for f in dataclasses.fields(TransformerConfig) if f.name != "dropout")
-
-
-def ignored_arch_keys(m: ModelConfig) -> list[str]:
-    """``model.*`` architecture keys set away from their defaults, which an HF ``model.pretrained_from`` overrides."""
+def hf_shape_problems(m: ModelConfig, built: TransformerConfig, given: Collection[str] | None
+                      ) -> tuple[list[str], list[str]]:
+    """The shape keys of the recipe that an HF checkpoint's ``config.json`` contradicts (the
+    feed-forward width compared as ``mlp_ratio`` x ``dim`` or ``hidden_dim``): ``(problems,
+    ignored)``. A key typed as an override (``given``) is a problem, one line for all of
+    them; a key the recipe file sets away from its default is ignored (config.json wins)."""
     default = ModelConfig()
-    return [k for k in _ARCH_KEYS if getattr(m, k) != getattr(default, k)]
+    typed = {k for k in SHAPE_KEYS if given is not None and f"model.{k}" in given}
+    written = [k for k in SHAPE_KEYS if k in typed or getattr(m, k) != getattr(default, k)]
+    wrong = [(k, getattr(m, k), getattr(built, k)) for k in written if k not in ("mlp_ratio", "hidden_dim")
+             and getattr(m, k) != getattr(built, k)]
+    if {"mlp_ratio", "hidden_dim"} & set(written) and TransformerConfig.of(m).ffn_dim != built.ffn_dim:
+        ffn = "hidden_dim" if "hidden_dim" in written else "mlp_ratio"
+        wrong.append((ffn, getattr(m, ffn), built.hidden_dim if ffn == "hidden_dim" else built.ffn_dim / built.dim))
+    errors = [(k, mine, theirs) for k, mine, theirs in wrong if k in typed]
+    problems = ["model.pretrained_from: its config.json gives the encoder's shape, but the command line sets "
+                + ", ".join(f"model.{k}={mine!r} (config.json: {theirs!r})" for k, mine, theirs in errors)
+                + "; remove these overrides or set them to config.json's values"] if errors else []
+    return problems, [f"model.{k}" for k, _, _ in wrong if k not in typed]
 
 
-def tokenizer_and_spec(model_cfg: ModelConfig, source: SourceRun, max_len: int) -> tuple[TextTokenizer, dict[str, Any]]:
+def tokenizer_and_spec(model_cfg: ModelConfig, source: SourceRun, max_len: int,
+                       given: Collection[str] | None = None) -> tuple[TextTokenizer, dict[str, Any]]:
     """The tokenizer and the encoder spec of a source run (checked against each other)."""
-    spec = source_encoder_spec(model_cfg, source, max_len)
+    spec = source_encoder_spec(model_cfg, source, max_len, given)
     tokenizer = TextTokenizer.from_str(source.read_file(TOKENIZER_FILE))
     if tokenizer.vocab_size != spec["vocab_size"]:
         raise TkError(f"model.pretrained_from: {source.spec}'s {TOKENIZER_FILE} has {tokenizer.vocab_size} tokens "
@@ -45,11 +57,12 @@ def tokenizer_and_spec(model_cfg: ModelConfig, source: SourceRun, max_len: int) 
     return tokenizer, spec
 
 
-def source_encoder_spec(model_cfg: ModelConfig, source: SourceRun, max_len: int) -> dict[str, Any]:
-    """The encoder of a source run: its config's shape keys (a recipe value that disagrees is an
-    error), its position table's length (else ``max_len``, the run's data.max_len), its
-    embeddings' vocabulary sizes."""
-    m = adopt_shape(model_cfg, source.section("model"), SHAPE_KEYS)
+def source_encoder_spec(model_cfg: ModelConfig, source: SourceRun, max_len: int,
+                        given: Collection[str] | None = None) -> dict[str, Any]:
+    """The encoder of a source run: its config's shape keys (a key the recipe wrote with another
+    value is an error, see ``shape_conflicts``), its position table's length (else ``max_len``,
+    the run's data.max_len), its embeddings' vocabulary sizes."""
+    m = adopt_shape(model_cfg, source.section("model"), SHAPE_KEYS, given)
     weights = source.weights()
     tok = weights.get(f"{ENCODER_PREFIX}tok_embed.weight")
     if tok is None:

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from tk.core.distill import DistillConfig, check_same_teacher, distillation_loss
 from tk.core.engine.inference import (
     SourceRun,
+    describe_shape,
     load_backbone,
     open_source,
     write_record,
@@ -54,7 +55,7 @@ from tk.plugins.text_classification.pretrained import (
     SHAPE_KEYS,
     SOURCE_TASKS,
     TOKENIZER_FILE,
-    ignored_arch_keys,
+    hf_shape_problems,
     tokenizer_and_spec,
 )
 
@@ -112,9 +113,10 @@ class TextClassificationTask(Task):
         task, spec = cls(cfg), cfg.sections["model"].pretrained_from
         try:
             if task.source is not None:
-                tokenizer_and_spec(task.model_cfg, task.source, task.data.max_len)
+                tokenizer_and_spec(task.model_cfg, task.source, task.data.max_len, cfg.given)
             elif spec is not None and not is_hub_id(spec):  # a local HF folder (a hub id downloads in setup)
-                read_bert_config(task.pretrained_path)
+                built, _, _ = bert_config(read_bert_config(task.pretrained_path), dropout=task.model_cfg.dropout)
+                return hf_shape_problems(task.model_cfg, built, cfg.given)[0]
         except TkError as e:
             return [str(e)]
         return []
@@ -165,17 +167,19 @@ class TextClassificationTask(Task):
             if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
         if m.pretrained_from is not None and self.encoder_spec is None and self.source is not None:
-            tokenizer, self.encoder_spec = tokenizer_and_spec(m, self.source, self.data.max_len)  # fresh runs only: later ones read files
+            tokenizer, self.encoder_spec = tokenizer_and_spec(m, self.source, self.data.max_len, self.cfg.given)  # fresh runs only: later ones read files
             self.tokenizer = self.tokenizer or tokenizer
             if not resume:  # the source's own file, byte for byte: the new run dir is self-contained
                 self.source.copy_files(self.files, [TOKENIZER_FILE])
                 write_record(self.files, self.source, {k: self.encoder_spec["cfg"][k] for k in SHAPE_KEYS})
         elif m.pretrained_from is not None and self.encoder_spec is None:
-            ignored = ignored_arch_keys(m)
-            if ignored:  # fresh runs only: later ones read encoder.json, so this is logged once per run
-                log.warning("model.pretrained_from is set: its config.json gives the encoder's shape, so %s "
-                            "(set in the recipe) are ignored", ", ".join(f"model.{k}" for k in ignored))
             cfg, vocab, types = bert_config(read_bert_config(self.pretrained_path), dropout=m.dropout)
+            problems, ignored = hf_shape_problems(m, cfg, self.cfg.given) if not resume else ([], [])
+            if problems:  # fresh runs only: later ones read encoder.json
+                raise TkError(problems[0])
+            if ignored:
+                log.warning("model.pretrained_from is set: its config.json gives the encoder's shape, so %s "
+                            "(set in the recipe) are ignored", ", ".join(ignored))
             self.encoder_spec = {"cfg": dataclasses.asdict(cfg), "vocab_size": vocab, "type_vocab_size": types}
         if self.tokenizer is None:
             if m.pretrained_from is not None:
@@ -184,6 +188,10 @@ class TextClassificationTask(Task):
                 rows = self._train_rows or read_rows(self.data, "train")
                 texts = (t for r in rows for t in (r[0], r[1]) if t is not None)  # not read when tokenizer.path is set
                 self.tokenizer = build_tokenizer(self.sections["tokenizer"], texts, BERT_SPECIALS, BERT_TEMPLATE)
+        if self.encoder_spec is not None:  # the shape the encoder is built with (config.yaml records it)
+            built = self.encoder_spec["cfg"]
+            self.model_cfg = dataclasses.replace(m, **{k: built[k] for k in SHAPE_KEYS if k in built})
+        self.model_cfg = dataclasses.replace(self.model_cfg, pooler=self.pooler)
         if not resume and self.run_dir is not None:
             for name, text in ((LABELS_FILE, json.dumps(self.labels, indent=1)), (TOKENIZER_FILE, self.tokenizer.to_str()),
                                (ENCODER_FILE, json.dumps(self.encoder_spec) if self.encoder_spec else None)):
@@ -210,10 +218,9 @@ class TextClassificationTask(Task):
             m = self.model_cfg
             if m.pooler is not None:
                 self._pooler = m.pooler
-            else:
+            else:  # an HF BERT source is post-norm too
                 norm_first = self.encoder_spec["cfg"]["norm_first"] if self.encoder_spec else m.norm_first
-                hf_source = m.pretrained_from is not None and self.source is None
-                self._pooler = m.pooling == "cls" and (hf_source or not norm_first)
+                self._pooler = m.pooling == "cls" and not norm_first
         return self._pooler
 
     @property
@@ -300,14 +307,21 @@ class TextClassificationTask(Task):
         folder's) into the encoder; the head stays new (fresh runs only)."""
         if self.model_cfg.pretrained_from is None:
             return
+        pooler = None
         if self.source is not None:
-            load_backbone(model, self.source.weights(), prefix=ENCODER_PREFIX)
+            loaded = len(load_backbone(model, self.source.weights(), prefix=ENCODER_PREFIX))
+            origin = f"{self.source.spec} ({self.source.task} run, {self.source.checkpoint.name})"
             self._source = None  # done: drop the mapped checkpoint
         else:
             load_bert_weights(model.encoder, self.pretrained_path)
+            loaded, origin = len(model.encoder.state_dict()), f"{self.model_cfg.pretrained_from} (BERT)"
             pooler = read_bert_pooler(self.pretrained_path) if model.pooler is not None else None
             if pooler is not None:  # BERT's pretrained pooler, as transformers' fine-tuning starts from it
                 model.pooler.load_state_dict(pooler)
+        fresh = (["pooler"] if model.pooler is not None and pooler is None else []) + [f"head ({len(self.labels)} classes)"]
+        log.info("model.pretrained_from: %d encoder tensors from %s%s; new: %s; shape: %s", loaded, origin,
+                 ", and its pooler" if pooler is not None else "", ", ".join(fresh),
+                 describe_shape(model.encoder.cfg))
 
     def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
         """Encoder parameters at ``optim.lr * model.encoder_lr_scale``, the head at ``optim.lr``;

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 
 from tk.core.cli import cli
@@ -77,6 +78,26 @@ def test_text_classification_with_lora_from_a_tk_run_trains_evaluates_and_export
     assert tk(["eval", str(run), "--json"]).exit_code == 0
 
 
+def test_the_run_records_the_shape_it_built_and_says_what_the_source_gave(tmp_path):
+    """An mlm source with norm_first=false: config.yaml and the export's card record the built
+    shape (post-norm, BERT's pooler on), train.log says what was loaded, what is new, what LoRA froze."""
+    mlm = train("mlm_synthetic", tmp_path / "mlm", [*MLM[:1], "train.max_steps=2", "train.eval_every=2",
+                                                    "train.progress=false", "model.dim=32", "model.depth=1",
+                                                    "model.num_heads=4", "model.norm_first=false",
+                                                    "tokenizer.vocab_size=200"])
+    run = train("textcls_synthetic", tmp_path / "tc", [*TEXTCLS, f"model.pretrained_from={mlm}",
+                                                      "model.lora.rank=4"])
+    built = yaml.safe_load((run / "config.yaml").read_text())["model"]
+    assert built["norm_first"] is False and built["pooler"] is True and built["dim"] == 32
+    log = (run / "train.log").read_text()
+    assert f"model.pretrained_from: 17 encoder tensors from {mlm} (mlm run, best.pt); new: pooler, head (2 classes); " \
+           "shape: dim=32, depth=1, num_heads=4, mlp_ratio=2.0, activation=gelu, norm=layernorm, norm_first=False" in log
+    assert "model.lora: rank-4 adapters on 2 Linear layers" in log and "(the adapters and head.bias, head.weight, " \
+           "pooler.bias, pooler.weight), 17 tensors" in log
+    assert tk(["export", str(run), "--format", "hf", "-o", str(tmp_path / "hf")]).exit_code == 0
+    assert "norm_first: false" in (tmp_path / "hf" / "README.md").read_text()
+
+
 def test_text_classification_run_then_eval_without_the_source(textcls_run, tmp_path):
     """The CLI end to end: the new run trains, and evaluates after the source is gone (it is
     self-contained); a checkpoint file is a source too."""
@@ -96,6 +117,8 @@ def test_text_classification_run_then_eval_without_the_source(textcls_run, tmp_p
 
 @pytest.mark.parametrize("override, message", [
     ("model.dim=48", r"model.dim: the recipe sets 48 but the model.pretrained_from run was trained with 32"),
+    # typed beside the source: an error even at its default (2), not silently replaced by the source's 1
+    ("model.depth=2", r"model.depth=2 \(the source: 1\)"),
     ("model.pretrained_from={missing}", r"model.pretrained_from: .*missing.* does not exist"),
 ])
 def test_text_classification_bad_sources(textcls_run, tmp_path, override, message):

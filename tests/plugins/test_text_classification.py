@@ -176,14 +176,22 @@ def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, ca
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo_id, **kw: downloads.append(repo_id) or str(folder))  # the hub, offline
     run_dir = tmp_path / "run"
+    common = ["model.pretrained_from=someone/tiny-bert", "model.encoder_lr_scale=0.1", "optim.lr=1e-9",
+              "train.max_steps=1", "data.num_train=64", "data.num_val=16", "train.progress=false",
+              "train.num_workers=0"]
+    # shape keys typed beside the source that config.json contradicts: one line, even at a default (4 heads)
+    typed = CliRunner().invoke(cli, ["run", "textcls_synthetic", f"output_dir={tmp_path / 'typed'}", *common,
+                                     "model.dim=64", "model.num_heads=8"])
+    assert typed.exit_code == 2 and len(typed.stderr.strip().splitlines()) == 1, typed.output
+    assert "model.dim=64 (config.json: 32), model.num_heads=8 (config.json: 4)" in typed.stderr
+    downloads.clear()
     with caplog.at_level("WARNING"):
-        run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "model.pretrained_from=someone/tiny-bert",
-                 "model.dim=64", "model.num_heads=8", "model.encoder_lr_scale=0.1", "optim.lr=1e-9",
-                 "train.max_steps=1", "data.num_train=64", "data.num_val=16", "train.progress=false",
-                 "train.num_workers=0"])
+        run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", *common])
     assert downloads == ["someone/tiny-bert"]  # once: setup and init_pretrained share the folder
     ignored = [r.getMessage() for r in caplog.records if "are ignored" in r.getMessage()]
-    assert len(ignored) == 1 and "model.dim, model.num_heads" in ignored[0], ignored
+    assert len(ignored) == 1 and "model.dim (set in the recipe)" in ignored[0], ignored  # the recipe file's 64
+    log = (run_dir / "train.log").read_text()
+    assert "model.pretrained_from: 29 encoder tensors from someone/tiny-bert (BERT), and its pooler" in log
     shutil.rmtree(folder)  # eval/predict use the run's own files and weights
     task, model = load_run(run_dir, "last", [])
     assert task.tokenizer.token_id("good") == 5 + words.index("good")  # the folder's vocabulary, not a trained one
