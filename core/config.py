@@ -27,7 +27,7 @@ CORE_SECTIONS = ("optim", "schedule", "train")
 class TrainConfig:
     """The ``train:`` section: how the engine runs the loop."""
 
-    max_steps: int | None = None  # optimizer updates to run; overrides `epochs` when set
+    max_steps: int | None = None  # optimizer updates to run; overrides `epochs` when set; 0: evaluate and save the starting model
     epochs: int = 1  # passes over the training set (used when max_steps is unset)
     batch_size: int = 32  # samples per micro-batch on each process
     eval_batch_size: int | None = None  # samples per evaluation batch (default: batch_size)
@@ -297,12 +297,13 @@ def check_core_rules(cfg: RunConfig) -> list[str]:
     positive = {"train.batch_size": t.batch_size, "train.grad_accum": t.grad_accum,
                 "train.log_every": t.log_every, "train.keep_last": t.keep_last,
                 "train.max_bad_steps": t.max_bad_steps}
-    for name in ("eval_batch_size", "eval_every", "save_every", "max_steps", "overfit_batches",
-                 "early_stopping_patience"):
+    for name in ("eval_batch_size", "eval_every", "save_every", "overfit_batches", "early_stopping_patience"):
         if getattr(t, name) is not None:
             positive[f"train.{name}"] = getattr(t, name)
     if t.max_steps is None:
         positive["train.epochs"] = t.epochs
+    elif t.max_steps < 0:  # 0: no update; the starting model is evaluated and saved
+        problems.append(f"train.max_steps: must be >= 0, got {t.max_steps}")
     for key, value in positive.items():
         if value < 1:
             problems.append(f"{key}: must be >= 1, got {value}")

@@ -227,7 +227,7 @@ CASES: dict[str, Case] = {
     "override/second key": C(["validate", "quickstart", "model.num_heads=7"], 2,
                              "override 'model.num_heads=7': model.dim (96) must be divisible"),
     "override/float for int": C(["validate", "{toy}", "train.batch_size=1.5"], 2, "expected int, found 1.5"),
-    "override/zero steps": C(["validate", "{toy}", "train.max_steps=0"], 2, "must be >= 1"),
+    "override/negative steps": C(["validate", "{toy}", "train.max_steps=-1"], 2, "must be >= 0"),  # 0: evaluate and save the start
     "override/broken yaml": C(["validate", "{toy}", "optim.betas=[0.9,"], 2, "override 'optim.betas=[0.9,'",
                               ["YAML"]),
     "override/section null": C(["validate", "{toy}", "model=null"], 2, "override 'model=null'",

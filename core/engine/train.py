@@ -87,7 +87,7 @@ class Trainer:
         self.train_loader, self.val_loader = built.data
         self.batches, self.steps_per_epoch = batch_stream(self.train_loader, t, self.rank, self.world_size,
                                                           self.log.echo)
-        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.total_steps = t.max_steps if t.max_steps is not None else t.epochs * self.steps_per_epoch
         self.best = BestTracker(t.best_metric or "val/loss", t.best_mode, t.early_stopping_patience)
         check_best_metric(self.task, self.best.key, with_ema=t.ema_decay is not None)
 
@@ -100,7 +100,7 @@ class Trainer:
         self.train_model = torch.compile(self.ddp_model, mode=t.compile_mode) if t.compile else self.ddp_model
         self.ema = ModelEMA(self.model, t.ema_decay, t.ema_warmup_steps) if t.ema_decay is not None else None
         self.optimizer = build_optimizer(self.model, cfg.optim, groups=self.task.param_groups(self.model, cfg.optim))
-        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, self.total_steps)
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, max(self.total_steps, 1))
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=t.keep_last) \
             if self.run_dir is not None and self.is_main else None
         self._params = [p for p in self.model.parameters() if p.requires_grad]
@@ -259,14 +259,11 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resume needs (:func:`~tk.core.engine.trainer_state.trainer_state`).
-        Collective when distributed: call on every process."""
+        """Everything a resume needs (:func:`~tk.core.engine.trainer_state.trainer_state`); collective."""
         return trainer_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (all but the task state, which the assembly restored
-        before set-up); a checkpoint of another model fails with a message naming the
-        mismatching weights and the config settings that differ."""
+        """Restore :meth:`state_dict` (:func:`~tk.core.engine.trainer_state.load_trainer_state`)."""
         load_trainer_state(self, state)
 
     def _resume(self, state: dict[str, Any], path: str | Path) -> None:
@@ -350,6 +347,9 @@ class Trainer:
         window: list[dict[str, float]] = []
         clock = Throughput()
         t = self.tcfg
+        if self.total_steps == 0:  # train.max_steps=0: the starting model (e.g. a loaded encoder), evaluated and saved
+            results, metric = self._evaluate_and_track()
+            self.save_checkpoint(metric)
         while self.step < self.total_steps:
             self._in_update = True
             window.append(self.train_step())

@@ -98,6 +98,30 @@ def test_the_run_records_the_shape_it_built_and_says_what_the_source_gave(tmp_pa
     assert "norm_first: false" in (tmp_path / "hf" / "README.md").read_text()
 
 
+def test_max_steps_0_evaluates_and_saves_the_starting_model_and_resumes_exactly(textcls_run, tmp_path):
+    """train.max_steps=0: no update; the loaded encoder is evaluated (step 0) and saved, so it can
+    be checked before fine-tuning; continuing to 2 steps equals a straight 2-step run."""
+    from safetensors.torch import load_file
+
+    source_args = [*TEXTCLS, f"model.pretrained_from={textcls_run}"]
+    zero = train("textcls_synthetic", tmp_path / "zero", [*source_args, "train.max_steps=0"])
+    records = [json.loads(line) for line in (zero / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["split"]) for r in records] == [(0, "val")]
+    _, source = load_run(textcls_run, "best")
+    saved = load_file(zero / "model.safetensors")
+    for key, value in source.state_dict().items():
+        if key.startswith("encoder."):
+            torch.testing.assert_close(saved[key], value, rtol=0, atol=0, msg=key)
+    assert (zero / "checkpoints" / "last.pt").is_file() and (zero / "checkpoints" / "best.pt").is_file()
+    train("textcls_synthetic", zero, [*source_args, "train.max_steps=2", "--resume"])
+    straight = train("textcls_synthetic", tmp_path / "straight", [*source_args, "train.max_steps=2"])
+    last = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    resumed = [json.loads(line) for line in (zero / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("val/loss") for r in resumed if r["step"] == 2] == [r.get("val/loss") for r in last if r["step"] == 2]
+    bad = tk(["run", "textcls_synthetic", f"output_dir={tmp_path / 'neg'}", "train.max_steps=-1"])
+    assert bad.exit_code == 2 and "train.max_steps=-1': must be >= 0" in bad.output
+
+
 def test_text_classification_run_then_eval_without_the_source(textcls_run, tmp_path):
     """The CLI end to end: the new run trains, and evaluates after the source is gone (it is
     self-contained); a checkpoint file is a source too."""
