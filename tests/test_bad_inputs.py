@@ -227,6 +227,11 @@ CASES: dict[str, Case] = {
     "override/second key": C(["validate", "quickstart", "model.num_heads=7"], 2,
                              "override 'model.num_heads=7': model.dim (96) must be divisible"),
     "override/float for int": C(["validate", "{toy}", "train.batch_size=1.5"], 2, "expected int, found 1.5"),
+    "validate/lora targets match nothing": C(["validate", "textcls_synthetic", "data.num_train=64",
+                                              "model.lora.targets=[nomatch]"], 2, "match no nn.Linear layer"),
+    "validate/lora trainable matches nothing": C(["validate", "textcls_synthetic", "data.num_train=64",
+                                                  "model.lora.trainable=[haed]"], 2,
+                                                 "model.lora.trainable ['haed'] match no module or parameter"),
     "override/negative steps": C(["validate", "{toy}", "train.max_steps=-1"], 2, "must be >= 0"),  # 0: evaluate and save the start
     "override/broken yaml": C(["validate", "{toy}", "optim.betas=[0.9,"], 2, "override 'optim.betas=[0.9,'",
                               ["YAML"]),

@@ -125,9 +125,12 @@ def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @debug_option
 def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     """Check a recipe (schema, cross-field rules, a pretrained source, the device and
-    precision on this machine) without running it; everything `tk run` checks except the data."""
+    precision on this machine) without running it; everything `tk run` checks except the data.
+    With `model.lora`, the model is built too (reading the data, writing nothing), so adapter
+    targets or trainable patterns that match nothing are caught here."""
     from tk.core.errors import TkError
     from tk.core.recipe import load_config
+    from tk.core.training.assemble import assemble
     from tk.core.training.device import preflight
 
     cfg, task_cls = load_config(recipe, list(overrides))
@@ -135,6 +138,8 @@ def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
     if problems:
         raise TkError("; ".join(problems))
     preflight(cfg)
+    if getattr(cfg.sections.get("model"), "lora", None) is not None:  # the patterns need the model's names
+        assemble(cfg, task_cls, None, "summary")
     click.echo(f"{cfg.source}: ok (task {cfg.task})")
 
 
