@@ -248,7 +248,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(textcls_run, tmp_path):
     result = tk("export", textcls_run, "--format", "hff", "-o", tmp_path / "a")
     assert result.exit_code == 2 and "'hf'" in result.output and not (tmp_path / "a").exists()
     # a mean-pooled encoder: BertForSequenceClassification reads [CLS] only
-    result = tk("export", textcls_run, "--format", "hf", "-o", tmp_path / "b", "model.pooling=mean")
+    result = tk("export", textcls_run, "--format", "hf", "-o", tmp_path / "b", "model.pooling=mean",
+                "model.pooler=false")  # the run's config.yaml records its pooler
     assert result.exit_code == 2 and "model.pooling='mean'" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
     (tmp_path / "c").mkdir()
