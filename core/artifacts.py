@@ -70,6 +70,9 @@ class TaskFiles:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 -> what open() gives (0644 usually)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -83,5 +86,6 @@ class TaskFiles:
             return None
         target = Path(dest_dir) / ARTIFACTS_DIR
         if target.resolve() != self.dir.resolve():
-            shutil.copytree(self.dir, target, dirs_exist_ok=True)
+            # copyfile: the copies get the usual permissions, not those of the run's files
+            shutil.copytree(self.dir, target, dirs_exist_ok=True, copy_function=shutil.copyfile)
         return target

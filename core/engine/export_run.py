@@ -129,8 +129,9 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
     if fmt not in _WRITERS:
         raise TkError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
+    reading = [run_dir] + ([Path(checkpoint)] if checkpoint not in ("best", "last") else [])
     out = check_output(output if output is not None else run_dir / "export" / fmt, "tk export", overwrite,
-                       sources=[run_dir])
+                       sources=reading, folder=True)
     task, model, source = load_run_source(run_dir, checkpoint, list(overrides), ema=ema)
     # portable weights: float32 on the CPU, LoRA adapters folded into their base weights, so
     # every format holds the plain model (its library knows no adapters)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tk.core.errors import TkError
+from tk.core.run.atomic import atomic_write
 from tk.core.run.loggers import read_records, scalars
 from tk.core.run.outputs import WRITTEN_BY
 
@@ -174,11 +175,8 @@ def plot_runs(run_dirs: list[str | Path], metrics: list[str] | None = None, x: s
 
 
 def _save(fig, path: Path) -> None:
-    """Write the PNG through a temporary file: a reader never sees half a picture."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=90, format="png", metadata={WRITTEN_BY: "tk plot"})  # so --overwrite knows it
-    tmp.replace(path)
+    """Write the PNG through a temporary file of its own: a reader never sees half a picture."""
+    atomic_write(path, lambda f: fig.savefig(f, dpi=90, format="png", metadata={WRITTEN_BY: "tk plot"}))
 
 
 class CurvesWriter:

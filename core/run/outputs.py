@@ -5,9 +5,10 @@
   ``checkpoints/``, the current folder or a folder above it, or a folder that holds the
   run being read.
 - An existing output is replaced only with ``--overwrite`` and only when this command
-  wrote it: a folder holds the marker :data:`OUTPUT_MARKER` naming the command, a file
-  carries the command's name inside it (safetensors metadata, a key of a ``.pt``
-  checkpoint, a PNG text chunk). An empty folder holds nothing to lose and is reused.
+  wrote it: a folder holds the marker :data:`OUTPUT_MARKER` naming the command and the
+  files it wrote (a folder that holds anything else is refused), a file carries the
+  command's name inside it (safetensors metadata, a key of a ``.pt`` checkpoint, a PNG
+  text chunk). An empty folder holds nothing to lose and is reused.
 - Folders are written beside their destination under a temporary name and renamed into
   place (files: :func:`tk.core.run.atomic.atomic_write`), with the umask's permissions.
 """
@@ -49,6 +50,8 @@ def _reserved(path: Path, sources: Sequence[Path]) -> str | None:
             return f"a folder that holds the run being read ({source})"
     if (path / RUN_MARKER).is_file():
         return "a tk run dir"
+    if path.name == CHECKPOINTS_DIR and (path.parent / RUN_MARKER).is_file():
+        return f"the checkpoints folder of the run {path.parent}"
     for above in path.parents:
         if above.name == CHECKPOINTS_DIR and (above.parent / RUN_MARKER).is_file():
             return f"inside the checkpoints of the run {above.parent}"
@@ -57,31 +60,46 @@ def _reserved(path: Path, sources: Sequence[Path]) -> str | None:
 
 def written_by(path: Path) -> str | None:
     """The command that wrote ``path`` (``"tk export"``, ``"tk average"``, ``"tk plot"``),
-    or None for a file or folder tk's commands did not write (or cannot be read)."""
+    or None for a file or folder tk's commands did not write (or cannot be read). A file is
+    recognised by its content (PNG, torch zip, safetensors), whatever its name."""
     try:
         if path.is_dir():
             marker = path / OUTPUT_MARKER
-            return json.loads(marker.read_text(encoding="utf-8")).get(WRITTEN_BY) if marker.is_file() else None
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
+            return _read_marker(path).get(WRITTEN_BY) if marker.is_file() else None
+        with open(path, "rb") as f:
+            head = f.read(9)
+        if head.startswith(b"\x89PNG"):
+            from PIL import Image
 
-            with safe_open(str(path), framework="pt") as f:
-                return (f.metadata() or {}).get(WRITTEN_BY)
-        if path.suffix == ".pt":
+            with Image.open(path) as image:
+                return image.info.get(WRITTEN_BY)
+        if head.startswith(b"PK"):  # torch.save's zip
             import torch
 
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             if not isinstance(state, dict):
                 return None
             return state.get(WRITTEN_BY) or ("tk average" if "averaged_steps" in state else None)  # older averages
-        if path.suffix == ".png":
-            from PIL import Image
+        if head[8:9] == b"{":  # safetensors: an 8-byte header length, then the JSON header
+            from safetensors import safe_open
 
-            with Image.open(path) as image:
-                return image.info.get(WRITTEN_BY)
+            with safe_open(str(path), framework="pt") as f:
+                return (f.metadata() or {}).get(WRITTEN_BY)
     except Exception:  # unreadable, damaged or of another kind: not something tk wrote
         return None
     return None
+
+
+def _read_marker(folder: Path) -> dict:
+    return json.loads((folder / OUTPUT_MARKER).read_text(encoding="utf-8"))
+
+
+def _strangers(folder: Path) -> list[str]:
+    """Files in an output folder that its marker does not list (added after the command wrote
+    it): replacing the folder would delete them."""
+    listed = set(_read_marker(folder).get("files", []))
+    found = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir())
+    return [f for f in found if f not in listed and f != OUTPUT_MARKER]
 
 
 def _what(path: Path) -> str:
@@ -91,29 +109,47 @@ def _what(path: Path) -> str:
 
 
 def check_output(output: str | Path, command: str, overwrite: bool, sources: Sequence[Path] = (),
-                 flag: str = "-o") -> Path:
-    """Check that ``command`` (e.g. ``"tk export"``) may write ``output``; returns it.
+                 flag: str = "-o", folder: bool = False) -> Path:
+    """Check that ``command`` (e.g. ``"tk export"``) may write ``output`` (a file, or with
+    ``folder`` a folder); returns it.
 
     Raises:
         TkError: one line naming the path and what it is: a place no command writes over
-            (with or without ``overwrite``), an existing output without ``overwrite``, or
-            one this command did not write.
+            (with or without ``overwrite``), an existing output without ``overwrite``, one
+            this command did not write, a folder of its own that holds files it did not
+            write, a path under a file, or a path the system refuses.
     """
+    text = str(output)
     out = Path(output)
-    resolved = out.resolve()
-    reserved = _reserved(resolved, sources)
-    if reserved:
-        raise TkError(f"{flag} {out}: is {reserved}; {command} never writes over it: pass another {flag}")
-    if not out.exists() and not out.is_symlink():
-        return out
-    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
-        return out  # an empty folder: nothing to lose
-    by = written_by(out) if not out.is_symlink() else None
-    if by != command:
-        raise TkError(f"{flag} {out}: exists and is {_what(out) if not out.is_symlink() else 'a link'}; "
-                      f"{command} replaces only its own output: pass another {flag}")
-    if not overwrite:
-        raise TkError(f"{flag} {out}: exists ({command}'s output); pass --overwrite to replace it, or another {flag}")
+    if not folder and text.endswith(("/", "\\")):
+        raise TkError(f"{flag} {text}: names a folder; give a file name, e.g. {flag} {out / 'out'}")
+    try:
+        resolved = out.resolve()
+        reserved = _reserved(resolved, sources)
+        if reserved:
+            raise TkError(f"{flag} {out}: is {reserved}; {command} never writes over it: pass another {flag}")
+        blocker = next((p for p in [resolved, *resolved.parents] if p.exists() and not p.is_dir()), None)
+        if blocker is not None and blocker != resolved:
+            raise TkError(f"{flag} {out}: {blocker} is a file, not a folder: pass another {flag}")
+        if not out.exists() and not out.is_symlink():
+            return out
+        if folder and out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+            return out  # an empty folder: nothing to lose
+        by = written_by(out) if not out.is_symlink() else None
+        if by != command:
+            what = "a link" if out.is_symlink() else _what(out)
+            raise TkError(f"{flag} {out}: exists and is {what}; {command} replaces only its own output: "
+                          f"pass another {flag}")
+        if not overwrite:
+            raise TkError(f"{flag} {out}: exists ({command}'s output); pass --overwrite to replace it, or another "
+                          f"{flag}")
+        strangers = _strangers(out) if out.is_dir() else []
+        if strangers:
+            shown = ", ".join(strangers[:3]) + (f" and {len(strangers) - 3} more" if len(strangers) > 3 else "")
+            raise TkError(f"{flag} {out}: holds {shown}, which {command} did not write; --overwrite would delete "
+                          f"them: move them out or pass another {flag}")
+    except OSError as e:  # a name too long, a folder that cannot be listed, ...
+        raise TkError(f"{flag} {out}: {e.strerror or e}") from None
     return out
 
 
@@ -136,27 +172,41 @@ def check_merge(source: Path | None, target: Path, output: Path, flag: str = "-o
                           f"written beside the weights: pass an {flag} in a folder of its own")
 
 
-def write_output_folder(output: Path, command: str, fill: Callable[[Path], T], info: dict | None = None) -> T:
+def write_output_folder(output: Path, command: str, fill: Callable[[Path], T], info: dict | None = None,
+                        flag: str = "-o") -> T:
     """Write a folder for ``command``: ``fill(tmp)`` fills a temporary sibling of ``output``,
-    the marker is added, then it is renamed into place (an existing ``output``, checked by
-    :func:`check_output`, is moved aside first and removed last). Nothing is left behind on
-    failure. Returns what ``fill`` returns."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    the marker (with the list of files written) is added, then it is renamed into place (an
+    existing ``output``, checked by :func:`check_output`, is moved aside first and removed
+    last). On failure nothing is left behind, parent folders it created included. Returns
+    what ``fill`` returns."""
+    created = [p for p in [output.parent, *output.parent.parents] if not p.exists()]
+    tmp: Path | None = None
     old: Path | None = None
     try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
         default_permissions(tmp, folder=True)
         result = fill(tmp)
-        (tmp / OUTPUT_MARKER).write_text(json.dumps({WRITTEN_BY: command, **(info or {})}) + "\n", encoding="utf-8")
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if not p.is_dir())
+        marker = {WRITTEN_BY: command, **(info or {}), "files": files}
+        (tmp / OUTPUT_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
         if output.exists():
             old = output.with_name(f".{output.name}.{os.getpid()}.old")
             output.rename(old)
         tmp.rename(output)
         fsync_dir(output.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not output.exists():
             old.rename(output)  # put the previous output back
+        for folder in created:  # the parents this call made, innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        if isinstance(e, OSError) and not isinstance(e, TkError):
+            raise TkError(f"{flag} {output}: cannot write there ({e.strerror or e})") from None
         raise
     if old is not None:
         shutil.rmtree(old) if old.is_dir() else old.unlink()

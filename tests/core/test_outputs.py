@@ -75,7 +75,7 @@ def test_own_output_needs_overwrite_and_new_or_empty_places_are_free(tree):
     assert "pass --overwrite to replace it" in refusal(root / "exported", overwrite=False)
     assert check_output(root / "exported", "tk export", True) == root / "exported"
     (root / "empty").mkdir()
-    assert check_output(root / "empty", "tk export", False) == root / "empty"
+    assert check_output(root / "empty", "tk export", False, folder=True) == root / "empty"
     assert check_output(root / "new" / "deeper", "tk export", False) == root / "new" / "deeper"
 
 
@@ -150,3 +150,84 @@ def test_task_files_are_never_merged_over_another_runs(tmp_path):
     (target / "tokenizer.json").write_text("another run's")
     with pytest.raises(TkError, match="tokenizer.json already exists and is not this run's"):
         check_merge(ours, target, tmp_path / "out" / "avg.safetensors")
+
+
+def test_overwrite_keeps_what_the_command_did_not_write(tmp_path):
+    out = tmp_path / "exported"
+    write_output_folder(out, "tk export", lambda tmp: (tmp / "model.bin").write_bytes(b"1"))
+    (out / "notes.txt").write_text("mine")
+    (out / "deep").mkdir()
+    (out / "deep" / "run.pt").write_bytes(b"a run stored here")
+    message = refusal(out, "tk export")
+    assert "holds deep/run.pt, notes.txt, which tk export did not write" in message
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_checkpoint_being_read_inside_the_output_is_refused(tmp_path):
+    out = tmp_path / "exported"
+    write_output_folder(out, "tk export", lambda tmp: (tmp / "avg.pt").write_bytes(b"1"))
+    assert "holds the run being read" in refusal(out, sources=[tmp_path / "run", out / "avg.pt"])
+
+
+def test_what_a_file_is_comes_from_its_content_not_its_name(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from tk.core.run.curves import _save
+
+    fig = plt.figure()
+    _save(fig, tmp_path / "curves.pt")  # a PNG named .pt
+    plt.close(fig)
+    assert written_by(tmp_path / "curves.pt") == "tk plot"
+    assert "a file tk plot wrote" in refusal(tmp_path / "curves.pt", "tk average")
+
+
+def test_plot_never_writes_through_a_fixed_temporary_name(tmp_path):
+    """A file or link named like a temporary file beside the output is left alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from tk.core.run.curves import _save
+
+    precious = tmp_path / "best.pt"
+    precious.write_bytes(b"a checkpoint")
+    (tmp_path / ".ck.png.tmp").symlink_to(precious)
+    fig = plt.figure()
+    _save(fig, tmp_path / "ck.png")
+    plt.close(fig)
+    assert precious.read_bytes() == b"a checkpoint" and not (tmp_path / "ck.png").is_symlink()
+
+
+def test_paths_under_a_file_folder_names_and_the_checkpoints_folder(tree):
+    root, run = tree
+    assert "is a file, not a folder" in refusal(root / "notes.pt" / "sub")
+    with pytest.raises(TkError, match="names a folder; give a file name"):
+        check_output(f"{root}/plots/", "tk plot", False)
+    assert "the checkpoints folder of the run" in refusal(run / "checkpoints")
+
+
+def test_a_failed_write_removes_the_folders_it_created(tmp_path):
+    def fail(tmp):
+        raise RuntimeError("trace failed")
+
+    with pytest.raises(RuntimeError):
+        write_output_folder(tmp_path / "a" / "b" / "out", "tk export", fail)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_task_files_and_their_copies_get_normal_permissions(tmp_path):
+    from tk.core.artifacts import TaskFiles
+
+    mask = os.umask(0o022)
+    try:
+        files = TaskFiles(tmp_path / "run")
+        files.write_text("labels.json", "[]")
+        copied = files.copy_to(tmp_path / "export")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "run" / "artifacts" / "labels.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((copied / "labels.json").stat().st_mode) == 0o644
