@@ -61,15 +61,26 @@ class TkGroup(click.Group):
         except TkError as e:
             if debug_requested(ctx):
                 traceback.print_exc()
-            click.echo(f"error: {_one_line(str(e))}", err=True)
+            _error_line(f"error: {_one_line(str(e))}")
             ctx.exit(e.exit_code)
         except Exception as e:  # a failure during a run
             if debug_requested(ctx):
                 traceback.print_exc()
-            else:
-                hint = " (run with --debug for the full traceback)"
-                click.echo(f"error: {type(e).__name__}: {_one_line(str(e))}{hint}", err=True)
+            _error_line(f"error: {type(e).__name__}: {_one_line(str(e))} (run with --debug for the full traceback)",
+                        printed=debug_requested(ctx))
             ctx.exit(1)
+
+
+def _error_line(line: str, printed: bool = False) -> None:
+    """Print the error line; a worker of tk's launcher hands it to the launcher instead, which
+    prints the first failing rank's once (``tk.core.engine.agent``)."""
+    if os.environ.get("TK_LAUNCHED"):
+        from tk.core.engine.agent import report_to_launcher
+
+        if report_to_launcher(line):
+            return
+    if not printed:
+        click.echo(line, err=True)
 
 
 def _one_line(message: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -187,7 +188,8 @@ def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume:
     `--resume auto` continues the run in output_dir if it has a checkpoint, and starts
     one if the dir is empty or absent (or holds a run stopped before its first checkpoint).
     """
-    from tk.core.engine.launch import auto_resume_plan, check_run_dir, launch, run_training
+    from tk.core.engine.agent import launch
+    from tk.core.engine.launch import auto_resume_plan, check_run_dir, run_training
     from tk.core.training.signals import TrainingInterrupted
 
     if resume_auto and (resume or overwrite or resume_from):
@@ -202,7 +204,9 @@ def run_cmd(ctx: click.Context, recipe: str, overrides: tuple[str, ...], resume:
             check_run_dir(cfg.output_dir, resume=resume or bool(resume_from), overwrite=overwrite)
         flags = ["--resume"] * resume + ["--resume", "auto"] * resume_auto + ["--overwrite"] * overwrite
         flags += ["--debug"] * debug_requested(ctx) + (["--resume-from", resume_from] if resume_from else [])
-        ctx.exit(launch(nproc_per_node, ["run", recipe, *overrides, *flags]))
+        command = shlex.join(["tk", "run", recipe, *overrides, "--nproc-per-node", str(nproc_per_node)])
+        ctx.exit(launch(nproc_per_node, ["run", recipe, *overrides, *flags], debug=debug_requested(ctx),
+                        output_dir=cfg.output_dir, command=command))
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         results = run_training(recipe, list(overrides), resume="auto" if resume_auto else resume,

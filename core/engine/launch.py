@@ -1,10 +1,10 @@
-"""Starting a training run: the run directory, torch.distributed set-up from torchrun's
-environment, and multi-process launch through torch's own launcher.
+"""Starting a training run: the run directory and torch.distributed set-up from torchrun's
+environment.
 
-``tk run RECIPE --nproc-per-node N`` re-runs itself as
-``python -m torch.distributed.run --standalone --nproc-per-node N -m tk run RECIPE ...``;
-``torchrun ... -m tk run RECIPE`` (e.g. on several machines) reaches :func:`run_training`
-with ``WORLD_SIZE`` set, which joins the process group. ``--resume auto`` lets
+``tk run RECIPE --nproc-per-node N`` runs torch's elastic agent in-process
+(:mod:`tk.core.engine.agent`), whose workers run ``tk run RECIPE ...``; ``torchrun ... -m tk
+run RECIPE`` (e.g. on several machines) reaches :func:`run_training` the same way, with
+``WORLD_SIZE`` set, which joins the process group. ``--resume auto`` lets
 ``torchrun --max-restarts N`` restart a preempted job with the same command line.
 torchrun: https://pytorch.org/docs/stable/elastic/run.html
 """
@@ -16,9 +16,6 @@ import errno
 import os
 import shlex
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -26,7 +23,7 @@ from tk.core.distributed import barrier, cleanup, init_distributed, ranks_not_se
 from tk.core.engine.train import Trainer
 from tk.core.errors import RunError, TkError
 from tk.core.recipe import load_config
-from tk.core.run.checkpoint import CheckpointReadError, intact_checkpoints
+from tk.core.run.checkpoint import CheckpointManager, CheckpointReadError, intact_checkpoints
 from tk.core.run.run_dir import (
     RUN_MARKER,
     RunDirLock,
@@ -44,50 +41,9 @@ from tk.core.training.precision import check_precision
 from tk.core.training.signals import TrainingInterrupted
 
 __all__ = ["RUN_MARKER", "FAULT_ENV", "is_run_dir", "write_run_marker", "check_run_dir", "auto_resume_plan",
-           "prepare_run_dir", "set_aside_path", "drop_set_aside", "launch_command", "launch", "run_training"]
+           "prepare_run_dir", "set_aside_path", "drop_set_aside", "run_training"]
 
 FAULT_ENV = "TK_FAULT_AT_STEP"  # for tests only: see _fault_hook
-
-
-def launch_command(nproc_per_node: int, tk_args: list[str]) -> list[str]:
-    """The torchrun command line that runs ``tk <tk_args>`` in ``nproc_per_node``
-    processes on this machine (``--standalone``: a local rendezvous on a free port)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc_per_node}", "-m", "tk", *tk_args]
-
-
-def launch(nproc_per_node: int, tk_args: list[str]) -> int:
-    """Run ``tk <tk_args>`` in ``nproc_per_node`` processes through torchrun and wait.
-
-    SIGTERM is passed on to torchrun (which passes it to the workers: they save a
-    checkpoint and stop); Ctrl-C reaches the workers from the terminal directly.
-
-    Returns:
-        torchrun's exit code; 143 (128 + SIGTERM) after a passed-on SIGTERM, 130 (128 +
-        SIGINT) when a Ctrl-C stopped the job (torchrun itself exits 1 then).
-    """
-    forwarded, interrupted = [], []
-    # the terminal's Ctrl-C reaches torchrun and the workers too: only remember it here
-    old_int = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
-    try:
-        proc = subprocess.Popen(launch_command(nproc_per_node, tk_args))
-    except BaseException:
-        signal.signal(signal.SIGINT, old_int)
-        raise
-
-    def forward(signum, _frame):
-        forwarded.append(signum)
-        proc.send_signal(signum)
-
-    old_term = signal.signal(signal.SIGTERM, forward)
-    try:
-        code = proc.wait()
-        if forwarded:
-            return 128 + forwarded[0]
-        return 128 + signal.SIGINT if interrupted and code != 0 else code
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-        signal.signal(signal.SIGINT, old_int)
 
 
 def _world_size() -> int:
@@ -351,12 +307,13 @@ def _run_failure(e: BaseException, trainer: Trainer, run_dir: Path, restored: bo
     signal's stop and a Ctrl-C pass through."""
     if not isinstance(e, Exception) or isinstance(e, (RunError, TrainingInterrupted)):
         return e
-    latest = trainer.checkpoints.latest() if trainer.checkpoints is not None else None
+    manager = CheckpointManager(run_dir / "checkpoints")  # what is on disk: any rank may be the one that fails
+    latest = manager.latest()
     fix = "free disk space" if isinstance(e, OSError) else "fix the problem"
     if restored:
         kept = f"the previous run in {run_dir} was put back unchanged"
     elif latest is not None:
-        step = trainer.checkpoints.info.get("last", {}).get("step", "?")
+        step = manager.info.get("last", {}).get("step", "?")
         kept = f"the last checkpoint {latest} (step {step}) is intact; {fix} and continue with `{command} --resume`"
     else:
         kept = "no checkpoint had been saved yet; start again with --overwrite"

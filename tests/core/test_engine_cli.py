@@ -4,8 +4,6 @@ progress bar, and clean refusals (fp16 on CPU, bad config before a multi-process
 
 import csv
 import json
-import signal
-import sys
 
 import pytest
 import torch
@@ -13,7 +11,6 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from tk.core.cli import cli
-from tk.core.engine import launch as launch_module
 from tk.core.run.checkpoint import load_checkpoint
 
 
@@ -117,15 +114,3 @@ def test_predict_on_a_task_without_predict_is_a_clean_error(trained):
     assert result.exit_code == 2
     assert result.stderr == ("error: task 'toy' does not support prediction (its Task class has no predict "
                              "method); use `tk eval` for metrics\n")
-
-
-@pytest.mark.parametrize("job_code, expected", [(1, 130), (0, 0)])
-def test_a_ctrl_c_of_a_multi_process_job_exits_130(monkeypatch, job_code, expected):
-    """The terminal's Ctrl-C reaches the launcher too (here: the job sends it): a job it stopped
-    (torchrun exits 1) ends with 130; one that finished anyway keeps its 0."""
-    code = (f"import os, signal, time; time.sleep(0.2); os.kill(os.getppid(), signal.SIGINT); time.sleep(0.2); "
-            f"raise SystemExit({job_code})")
-    monkeypatch.setattr(launch_module, "launch_command", lambda n, args: [sys.executable, "-c", code])
-    before = signal.getsignal(signal.SIGINT)
-    assert launch_module.launch(2, ["run", "x"]) == expected
-    assert signal.getsignal(signal.SIGINT) is before
