@@ -394,6 +394,17 @@ def predict_inputs(d: Path, _mp) -> None:
     (d / "bad.png").write_bytes(b"not an image")
 
 
+def label_files(d: Path, stray: str) -> None:
+    """``d/tr.tsv`` with 0/1 labels and one ``stray`` label on line 8; ``d/va.tsv``."""
+    rows = [f"good film {i}\t1\nbad film {i}\t0\n" for i in range(3)]
+    (d / "tr.tsv").write_text("sentence\tlabel\n" + "".join(rows) + f"odd one\t{stray}\n")
+    (d / "va.tsv").write_text("sentence\tlabel\ngood film\t1\nbad film\t0\n")
+
+
+TEXT_FILES = ["run", "textcls_synthetic", "data.source=files", "data.train_file={d}/tr.tsv",
+              "data.val_file={d}/va.tsv", "tokenizer.vocab_size=60", "train.max_steps=1", "output_dir={d}/new"]
+
+
 # Issue #11 item 2: checks that must fail before the first training step (nothing run,
 # nothing left on disk), and item 6: prediction errors are per input.
 CASES.update({
@@ -409,6 +420,17 @@ CASES.update({
                                             setup=lambda d, _mp: image_folder(d, val_classes=("a", "c"))),
     "before training/unreadable val image": C(IMAGES, 2, "broken.png", ["data.on_bad_image=skip"],
                                               setup=lambda d, _mp: image_folder(d, bad_val=True)),
+    # issue #35 item 3: a label that does not belong is an error naming file:line, not a new class
+    "data/stray text label": C(TEXT_FILES, 2, "tr.tsv:8: label 'positive' is text while 6 rows have integer labels",
+                               setup=lambda d, _mp: label_files(d, "positive")),
+    "data/stray decimal label": C(TEXT_FILES, 2, "tr.tsv:8: label '1.5' is decimal",
+                                  setup=lambda d, _mp: label_files(d, "1.5")),
+    "data/label outside data.labels": C([*TEXT_FILES, "data.labels=[0,1]"], 2,
+                                        "tr.tsv:8: label '2' is not one of data.labels [0, 1]",
+                                        setup=lambda d, _mp: label_files(d, "2")),
+    "data/data.labels of one class": C([*TEXT_FILES, "data.labels=[1]"], 2, "must list at least 2 distinct labels",
+                                       setup=lambda d, _mp: label_files(d, "1")),
+    "translate/batch size 0": C(["translate", "{image_run}", "-", "--batch-size", "0"], 2, "--batch-size"),
     "predict/one unreadable input": C(["predict", "{image_run}", "{d}/bad.png", "{d}/ok.png"], 1,
                                       "1 of 2 inputs failed", setup=predict_inputs),
     "predict/top_k 0": C(["predict", "{image_run}", "{d}/ok.png", "predict.top_k=0"], 2, "predict.top_k",

@@ -31,6 +31,7 @@ class DataConfig:
     text_column: str = "sentence"  # column/key of the text (GLUE SST-2: sentence)
     text_pair_column: str | None = None  # column of the second text of a pair (e.g. MRPC sentence2); null = single
     label_column: str = "label"  # column/key of the label (strings or integers)
+    labels: list[Any] | None = None  # the label set, in class order; a row with another label is an error (null: the train split's labels)
     multi_label: bool = False  # each row has a set of labels (sigmoid + BCE); see label_delimiter
     label_delimiter: str = ","  # multi_label: separator of the labels in the label column (JSONL may give a list)
     hf_name: str | None = None  # hf: datasets.load_dataset name, e.g. "glue" (or "csv" with hf_data_files)
@@ -78,7 +79,56 @@ def check_data(d: DataConfig) -> list[str]:
         problems.append("data.multi_label needs data.source 'files' or 'hf' (the synthetic corpus has one label a row)")
     if d.multi_label and not d.label_delimiter:
         problems.append("data.label_delimiter must be a non-empty separator (e.g. ',') with data.multi_label")
+    if d.labels is not None and (len(d.labels) < 2 or len(set(map(str, d.labels))) != len(d.labels)):
+        problems.append(f"data.labels ({d.labels}) must list at least 2 distinct labels")
     return problems
+
+
+def _kind(label: Any) -> str:
+    text = str(label).strip()
+    if text.lstrip("-").isdigit():
+        return "integer"
+    try:
+        float(text)
+        return "decimal"
+    except ValueError:
+        return "text"
+
+
+def label_set(rows: list[Row], d: DataConfig) -> list[Any]:
+    """The classes, in index order: ``data.labels`` (every row's label must be one of them),
+    else the train split's labels, sorted, which must all be of one kind (integers, decimals
+    or text): a stray "positive" among 0/1 labels would silently become a class of its own.
+
+    Raises:
+        TkError: a label outside ``data.labels``, or a label of another kind than most,
+            naming its file:line and the labels seen.
+    """
+    def labels_of(row: Row) -> tuple:
+        return row[2] if d.multi_label else (row[2],)
+
+    if d.labels is not None:
+        declared = {str(x): x for x in d.labels}
+        for row in rows:
+            for label in labels_of(row):
+                if str(label) not in declared:
+                    raise TkError(f"{row[3]}: label {label!r} is not one of data.labels {list(d.labels)}; fix the "
+                                  f"row, or add the label to data.labels")
+        found = {str(label): label for row in rows for label in labels_of(row)}
+        return [found.get(str(x), x) for x in d.labels]  # as the rows spell them ("1" in a TSV, 1 in JSONL)
+    by_kind: dict[str, list[tuple[Any, str]]] = {}
+    for row in rows:
+        for label in labels_of(row):
+            by_kind.setdefault(_kind(label), []).append((label, row[3]))
+    if len(by_kind) > 1:
+        common = max(by_kind, key=lambda k: len(by_kind[k]))
+        odd_kind = min(by_kind, key=lambda k: len(by_kind[k]))
+        label, where = by_kind[odd_kind][0]
+        examples = sorted({str(x) for x, _ in by_kind[common]})[:4]
+        raise TkError(f"{where}: label {label!r} is {odd_kind} while {len(by_kind[common])} rows have {common} labels "
+                      f"({', '.join(examples)}, ...); fix the row, or declare every class with data.labels=[...]")
+    seen = {label for row in rows for label in labels_of(row)}
+    return sorted(seen, key=lambda x: (type(x).__name__, x))
 
 
 def _columns(d: DataConfig) -> dict[str, str]:

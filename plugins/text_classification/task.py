@@ -45,6 +45,7 @@ from tk.plugins.text_classification.data import (
     Row,
     TextClsTokenizerConfig,
     check_data,
+    label_set,
     read_rows,
 )
 from tk.plugins.text_classification.distill import TextTeacher, check_text_distill
@@ -162,8 +163,7 @@ class TextClassificationTask(Task):
         if self.labels is None:
             self._train_rows = read_rows(self.data, "train")
             rows = self._train_rows
-            seen = {lab for r in rows for lab in r[2]} if self.multi_label else {r[2] for r in rows}
-            self.labels = sorted(seen, key=_label_key)
+            self.labels = label_set(rows, self.data)
             if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
         if m.pretrained_from is not None and self.encoder_spec is None and self.source is not None:

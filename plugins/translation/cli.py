@@ -16,7 +16,7 @@ from tk.core.errors import TkError
 @click.option("--beam", "beam", type=int, default=None, help="beam size (1 = greedy); default decode.beam_size")
 @click.option("--checkpoint", default="best", show_default=True, help="best, last or a checkpoint file")
 @click.option("--average-last", type=int, default=None, help="average the weights of the last K step checkpoints")
-@click.option("--batch-size", type=int, default=None, help="lines per batch; default decode.batch_size")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="lines per batch; default decode.batch_size")
 def translate(run_dir: str, input_file, beam: int | None, checkpoint: str, average_last: int | None,
               batch_size: int | None) -> None:
     """Print one translation per line of INPUT_FILE (default: stdin), in order."""
