@@ -69,6 +69,15 @@ def decode(tokenizer: TextTokenizer, ids: Sequence[int] | np.ndarray | torch.Ten
     return tokenizer.decode(ids, skip_special_tokens=tokenizer.kind != "char")
 
 
+def decode_after(tokenizer: TextTokenizer, context: Sequence[int], ids: Sequence[int] | torch.Tensor) -> str:
+    """The text ``ids`` add after ``context``: decoded together, so that the space a WordPiece
+    or Unigram decoder puts between words is kept at the seam (decoding ``ids`` alone drops a
+    leading space: "the cat" + "sat" would print as "the catsat")."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    head, full = decode(tokenizer, list(context)), decode(tokenizer, [*context, *ids])
+    return full[len(head):] if full.startswith(head) else decode(tokenizer, ids)
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits, else uint32 (the on-disk token array)."""
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)

@@ -43,6 +43,7 @@ from tk.plugins.language_model.data import (
     TokenizerConfig,
     collate_blocks,
     decode,
+    decode_after,
     empty_corpus,
     load_saved_tokenizer,
     split_tokens,
@@ -301,9 +302,10 @@ class LanguageModelTask(Task):
                           f"generate.max_len) exceeds data.block_size ({limit}), the context the model was "
                           f"trained on; shorten the prompt or ask for fewer new tokens")
         device = next(model.parameters()).device
-        stream = None if on_text is None else TextStream(partial(decode, self.tokenizer), on_text, cfg.eos_id)
+        after = partial(decode_after, self.tokenizer, ids)  # the text after the prompt, its seam included
+        stream = None if on_text is None else TextStream(after, on_text, cfg.eos_id)
         out = generate(model, torch.tensor([ids], device=device), cfg, on_step=stream)
-        text = decode(self.tokenizer, out.tokens[0])
+        text = after(out.tokens[0])
         if stream is not None:
             stream.finish(text)
         return text

@@ -430,3 +430,27 @@ def test_renamed_key_is_one_config_error_naming_the_new_key(tmp_path, old):
     assert len(lines) == 1 and "renamed to" in lines[0], result.stderr
     key, _, value = RENAMED[old].partition("=")
     assert key in lines[0] and value in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram", "bpe"])
+def test_generated_text_joins_the_prompt_as_the_tokenizer_decodes_both(tmp_path, kind):
+    """Decoding the continuation alone drops the space a WordPiece/Unigram decoder puts between
+    words ("the cat" + "find" printed "the catfind"): the text after the prompt is what decoding
+    prompt and continuation together adds, and the streamed pieces add up to it."""
+    from tk.core.engine.inference import load_run
+
+    run = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", "lm_synthetic", f"output_dir={run}", *FAST, f"tokenizer.kind={kind}",
+                                      "tokenizer.vocab_size=300", "data.num_sentences=300", "train.max_steps=3",
+                                      "train.eval_every=3", "model.dim=32", "model.depth=1", "data.num_samples=0"])
+    assert result.exit_code == 0, result.output
+    task, model = load_run(run)
+    cfg = GenerationConfig(strategy="greedy", max_len=12)
+    pieces = []
+    text = task.continue_text(model, "the cat sat", cfg, on_text=pieces.append)
+    from tk.core.nn.generation import generate as generate_ids
+
+    prompt_ids = task.tokenizer.encode("the cat sat")
+    new_ids = generate_ids(model, torch.tensor([prompt_ids]), cfg).tokens[0].tolist()
+    assert decode(task.tokenizer, prompt_ids) + text == decode(task.tokenizer, prompt_ids + new_ids)
+    assert "".join(pieces) == text and "##" not in text
