@@ -282,7 +282,7 @@ def average_cmd(run_dir: str, last_k: int, output: str, overwrite: bool) -> None
 @cli.command("predict")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("args", nargs=-1, metavar="[INPUT | section.key=value]...")
-@click.option("--input-file", type=click.File("r", encoding="utf-8"), default=None,
+@click.option("--input-file", type=click.File("rb"), default=None,
               help="Read inputs from FILE, one per line ('-': standard input).")
 @click.option("--checkpoint", default="best", show_default=True, help="best, last, or a checkpoint path.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,

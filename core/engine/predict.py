@@ -22,6 +22,7 @@ from tk.core.config import recipe_schema
 from tk.core.errors import TkError
 from tk.core.recipe import read_recipe
 from tk.core.registry import load_task
+from tk.core.text.reader import stream_lines
 
 __all__ = ["INPUT_ERRORS", "format_record", "predict_batches", "read_inputs", "run_sections", "split_overrides"]
 
@@ -37,9 +38,8 @@ def read_inputs(args: Iterable[str], stdin: TextIO | None = None, input_file: Te
 
     Lines are read lazily, so predictions stream while a pipe is still being written.
     """
-    def lines(stream: TextIO) -> Iterator[str]:
-        for line in stream:
-            line = line.rstrip("\r\n")
+    def lines(stream: TextIO) -> Iterator[str]:  # UTF-8, or one error naming the line
+        for _, line in stream_lines(stream):
             if line.strip():
                 yield line
 

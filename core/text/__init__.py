@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "TokenizerConfig": "tokenizer", "TextTokenizer": "tokenizer", "Encoded": "tokenizer", "Template": "tokenizer",
     "BERT_SPECIALS": "tokenizer", "BERT_TEMPLATE": "tokenizer", "build_tokenizer": "tokenizer",
     "Record": "reader", "read_records": "reader", "read_lines": "reader", "read_parallel": "reader",
-    "record_format": "reader",
+    "record_format": "reader", "stream_lines": "reader",
     "load_hub_dataset": "hub", "iter_column": "hub",
     "Perplexity": "metrics", "ClassificationMetrics": "metrics", "MultiLabelMetrics": "metrics",
     "save_confusion_png": "confusion",

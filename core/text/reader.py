@@ -8,11 +8,11 @@ import csv
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import IO, Any, Literal, NamedTuple
 
 from tk.core.errors import TkError
 
-__all__ = ["Format", "Record", "read_lines", "read_parallel", "read_records", "record_format"]
+__all__ = ["Format", "Record", "read_lines", "read_parallel", "read_records", "record_format", "stream_lines"]
 
 Format = Literal["auto", "csv", "tsv", "jsonl", "text"]
 _SUFFIXES = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "json": "jsonl", "txt": "text"}
@@ -117,6 +117,40 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path, key: str = "data.t
         raise TkError(f"misaligned parallel files: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; "
                       f"each line of one must translate the same line of the other")
     return list(zip(src, tgt))
+
+
+def stream_lines(stream: IO, name: str | None = None) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` per line of an open stream (standard input, a click file),
+    line endings removed, read lazily: bytes are decoded as UTF-8, and a line that is not
+    UTF-8 (or arrived as undecodable characters in a text stream) is one error naming the
+    stream and the line.
+
+    Raises:
+        TkError: a line that is not UTF-8 text.
+    """
+    source = iter(getattr(stream, "buffer", stream))  # the bytes under a text stream, when it has them
+    named = getattr(stream, "name", None)
+    name = name or (named if isinstance(named, str) and named not in ("<stdin>", "-") else "standard input")
+    n = 0
+    while True:
+        try:
+            raw = next(source)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as e:  # a text stream could not decode its next line
+            raise _not_utf8(name, n + 1, e.reason) from None
+        n += 1
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            text.encode("utf-8")  # surrogates from a lenient text stream fail here
+        except UnicodeError as e:
+            raise _not_utf8(name, n, e.reason) from None
+        yield n, (text.removeprefix("\ufeff") if n == 1 else text).rstrip("\r\n")
+
+
+def _not_utf8(name: str, line: int, reason: str) -> TkError:
+    return TkError(f"{name} line {line}: not valid UTF-8 ({reason}); give UTF-8 text (re-encode it, e.g. "
+                   f"iconv -f latin1 -t utf-8)")
 
 
 # helpers --------------------------------------------------------------------------------------

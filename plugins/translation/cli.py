@@ -8,11 +8,12 @@ import click
 
 from tk.core.engine.inference import load_run
 from tk.core.errors import TkError
+from tk.core.text.reader import stream_lines
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-@click.argument("input_file", default="-", type=click.File("r", encoding="utf-8"))
+@click.argument("input_file", default="-", type=click.File("rb"))
 @click.option("--beam", "beam", type=int, default=None, help="beam size (1 = greedy); default decode.beam_size")
 @click.option("--checkpoint", default="best", show_default=True, help="best, last or a checkpoint file")
 @click.option("--average-last", type=int, default=None, help="average the weights of the last K step checkpoints")
@@ -26,7 +27,7 @@ def translate(run_dir: str, input_file, beam: int | None, checkpoint: str, avera
     if task.name != "translation":
         raise TkError(f"{run_dir} is a {task.name!r} run; tk translate needs a translation run")
     size = batch_size or task.decode_cfg.batch_size
-    lines = input_file.read().splitlines()
+    lines = [line for _, line in stream_lines(input_file)]  # UTF-8, or one error naming the line
     for start in range(0, len(lines), size):
         for hyp in task.translate(model, lines[start:start + size], beam):
             sys.stdout.write(hyp + "\n")

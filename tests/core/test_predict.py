@@ -47,6 +47,18 @@ def test_read_inputs_in_order_lazily():
     assert list(read_inputs(["a", "-", "b"], stdin, file)) == ["a", "s1", "s2", "b", "f1", "f2"]
 
 
+def test_inputs_that_are_not_utf8_are_one_error_naming_the_line():
+    from tk.core.errors import TkError
+
+    good = io.BytesIO("héllo\nwörld\n".encode())
+    assert list(read_inputs(["-"], good)) == ["héllo", "wörld"]
+    for stream, name in ((io.BytesIO(b"ok\n\xff\xfe\n"), "standard input"),
+                         (io.TextIOWrapper(io.BytesIO(b"ok\n\xff\xfe\n"), errors="surrogateescape"),
+                          "standard input")):
+        with pytest.raises(TkError, match=rf"^{name} line 2: not valid UTF-8"):
+            list(read_inputs(["-"], stream))
+
+
 def test_batches_stream_and_a_bad_input_is_isolated():
     task, pulled = LengthTask(), []
 

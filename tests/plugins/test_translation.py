@@ -177,6 +177,14 @@ def test_end_to_end_run_learns_then_translate_from_stdin(tmp_path):
     assert len(hyps) == 5
     assert sacrebleu.corpus_bleu(hyps, [[t for _, t in val[:5]]]).score > copy_bleu + 20, hyps
     assert (run / "artifacts" / JOINT_FILE).read_bytes() == before
+    # a line that is not UTF-8 (stdin or a binary file) is one error naming it, not a raw decode error
+    bad = CliRunner().invoke(cli, ["translate", str(run), "-"], input=b"ein Haus\n\xff\xfe kaputt\n")
+    assert bad.exit_code == 2 and bad.stderr == (
+        "error: standard input line 2: not valid UTF-8 (invalid start byte); give UTF-8 text (re-encode it, e.g. "
+        "iconv -f latin1 -t utf-8)\n")
+    (tmp_path / "model.bin").write_bytes(bytes(range(256)))
+    binary = CliRunner().invoke(cli, ["translate", str(run), str(tmp_path / "model.bin")])
+    assert binary.exit_code == 2 and "model.bin line 2: not valid UTF-8" in binary.stderr  # line 1: bytes 0-10
 
 
 # -- tokenizer variants -------------------------------------------------------------------
