@@ -17,7 +17,7 @@ OFFLINE = {
     "text_classification": ["data.source=synthetic", "data.num_train=64", "data.num_val=32", "tokenizer.vocab_size=100",
                             "model.pretrained_from=null"],
     "translation": ["data.source=synthetic", "data.max_len=64", "data.max_tokens=512", "data.num_train=64",
-                    "data.num_val=16", "tokenizer.vocab_size=60", "model.dim=32", "model.depth=1",
+                    "data.num_val=16", "tokenizer.vocab_size=300", "model.dim=32", "model.depth=1",
                     "model.hidden_dim=64", "decode.beam_size=1", "decode.max_len_b=4"],
     "language_model": ["data.source=synthetic", "data.num_sentences=500", "data.eval_blocks=4"],
     "mlm": ["data.source=synthetic", "data.num_sentences=300", "tokenizer.vocab_size=100"],

@@ -41,6 +41,18 @@ class TokenizerConfig:
     lowercase: bool = False  # lowercase the text first (wordpiece also strips accents)
     min_frequency: int = 2  # bpe/wordpiece: a merge or piece needs this many occurrences
 
+    def check(self) -> list[str]:
+        """Range checks, one line each naming the ``tokenizer.*`` key (the recipe loader runs them)."""
+        problems = []
+        if self.path is None and self.kind == "bpe" and self.vocab_size < 257:
+            problems.append(f"tokenizer.vocab_size ({self.vocab_size}) must be >= 257 for kind bpe: byte-level BPE "
+                            f"starts from the 256 bytes and adds the specials and merges on top")
+        elif self.vocab_size < 1:
+            problems.append(f"tokenizer.vocab_size ({self.vocab_size}) must be >= 1")
+        if self.min_frequency < 0:
+            problems.append(f"tokenizer.min_frequency ({self.min_frequency}) must be >= 0")
+        return problems
+
 
 @dataclass(frozen=True)
 class Template:

@@ -92,7 +92,6 @@ class LanguageModelTask(Task):
     def check_config(cls, cfg: Any) -> list[str]:
         d: DataConfig = cfg.sections["data"]
         m: ModelConfig = cfg.sections["model"]
-        tok: TokenizerConfig = cfg.sections.get("tokenizer") or TokenizerConfig()
         problems = []  # the model: and generate: sections run their own check()
         if d.source == "hf" and not d.hf_name:
             problems.append("data.hf_name: source=hf needs a datasets name (or a save_to_disk folder)")
@@ -111,8 +110,6 @@ class LanguageModelTask(Task):
                             f"({d.sample_prompt_len}) >= 1")
         if d.num_sentences < 1:
             problems.append(f"data.num_sentences ({d.num_sentences}) must be >= 1")
-        if tok.kind == "bpe" and tok.path is None and tok.vocab_size < 257:
-            problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 257 for bpe (256 bytes + merges)")
         return problems
 
     @classmethod

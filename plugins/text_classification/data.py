@@ -55,9 +55,9 @@ class TextClsTokenizerConfig(TokenizerConfig):
     min_frequency: int = 0  # bpe/wordpiece: occurrences a merge or piece needs (0: the trainers' default)
 
     def check(self) -> list[str]:
-        problems = [f"tokenizer.vocab_size ({self.vocab_size}) must be >= 16"] if self.vocab_size < 16 else []
-        if self.min_frequency < 0:
-            problems.append(f"tokenizer.min_frequency ({self.min_frequency}) must be >= 0")
+        problems = super().check()
+        if self.vocab_size < 16 and not problems:
+            problems.append(f"tokenizer.vocab_size ({self.vocab_size}) must be >= 16")
         return problems
 
 

@@ -4,7 +4,7 @@ encoder-decoder, label-smoothed training, greedy/beam decoding and sacreBLEU."""
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -36,6 +36,7 @@ from tk.plugins.translation.metrics import CorpusBleu
 from tk.plugins.translation.model import ModelConfig
 
 JOINT_FILE, SRC_FILE, TGT_FILE = "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json"
+log = logging.getLogger(__name__)
 DATA_REPORT = "data_report.json"  # task file: pairs kept / dropped per split
 
 
@@ -166,9 +167,12 @@ class TranslationTask(Task):
             if len(ds) == 0:
                 raise TkError(f"the {split} split has no usable pairs ({len(pairs)} read, dropped {ds.dropped}); "
                               f"check the data files or raise data.max_len ({self.data.max_len})")
-            print(f"translation: {split}: {len(ds)} pairs kept of {len(pairs)}; dropped {ds.dropped['empty']} "
-                  f"empty and {ds.dropped['too_long']} longer than data.max_len={self.data.max_len} tokens",
-                  file=sys.stderr, flush=True)
+            share = ds.dropped["too_long"] / max(len(pairs), 1)
+            # in train.log during a run (tk.* messages); more than 5% lost says which key keeps them
+            (log.warning if share > 0.05 else log.info)(
+                "translation: %s: %d pairs kept of %d; dropped %d empty and %d longer than data.max_len=%d tokens%s",
+                split, len(ds), len(pairs), ds.dropped["empty"], ds.dropped["too_long"], self.data.max_len,
+                f" ({share:.0%} of the pairs: raise data.max_len to keep them)" if share > 0.05 else "")
             self._write_report(split, len(pairs), ds)
             self._datasets[split] = ds
         return self._datasets[split]

@@ -122,7 +122,7 @@ def test_empty_and_too_long_pairs_are_dropped_and_counted(tmp_path):
     (tmp_path / "train.en").write_text("a b\n\nc d\n" + " ".join(["w"] * 40) + "\n")
     (tmp_path / "train.de").write_text("x y\nz\n  \ny\n")
     task = make_task(["data.source=files", f"data.train_prefix={tmp_path}/train", f"data.val_prefix={tmp_path}/train",
-                      "tokenizer.vocab_size=20", "tokenizer.min_frequency=1"])
+                      "tokenizer.vocab_size=300", "tokenizer.min_frequency=1"])
     ds = task.build_dataset("train")
     assert len(ds) == 1 and ds.dropped == {"empty": 2, "too_long": 1} and ds.refs == ["x y"]
 
