@@ -3,13 +3,14 @@ Face ``datasets``, or the synthetic corpus) into rows, and the tokenised dataset
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
-from tk.core.text import TokenizerConfig, load_hub_dataset, read_records
+from tk.core.text import TextTokenizer, TokenizerConfig, load_hub_dataset, read_records
 from tk.plugins.text_classification.synthetic import synthetic_rows
 
 Row = tuple[str, "str | None", Any, str]  # (text, text pair or None, label, "file:line" where it came from)
@@ -200,3 +201,17 @@ class EncodedDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.items[i]
+
+
+def check_length(tokenizer: TextTokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_len: int,
+                 truncate: bool) -> None:
+    """Refuse, for ``tk predict``, a text the model would see only in part (unless ``truncate``).
+
+    Raises:
+        TkError: the longest text's token count and the limit (the engine then retries the
+            batch one input at a time, so only the long ones fail).
+    """
+    longest = max(len(ids) for ids in tokenizer.encode_batch(texts, pairs).ids)
+    if longest > max_len and not truncate:
+        raise TkError(f"the text has {longest} tokens, more than the {max_len} the model takes (data.max_len); "
+                      f"shorten it, or pass predict.truncate=true to classify its first {max_len} tokens")

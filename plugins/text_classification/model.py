@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +44,22 @@ class ModelConfig(TransformerConfig):
         if not 0.0 < self.threshold < 1.0:
             problems.append(f"{prefix}.threshold ({self.threshold}) must be in (0, 1)")
         return problems
+
+
+def uses_pooler(m: ModelConfig, encoder: dict[str, Any] | None = None) -> bool:
+    """``model.pooler``, or where it is null: on for a post-norm [CLS] encoder, BERT's shape (an
+    HF BERT source's ``encoder`` spec is post-norm too), where transformers users expect it."""
+    if m.pooler is not None:
+        return m.pooler
+    norm_first = encoder["norm_first"] if encoder is not None else m.norm_first
+    return m.pooling == "cls" and not norm_first
+
+
+@dataclass
+class PredictConfig:
+    """The ``predict:`` section (``tk predict`` only, e.g. ``predict.truncate=true``)."""
+
+    truncate: bool = False  # a text longer than data.max_len: classify its first tokens (else an error for that text)
 
 
 class TextClassifier(nn.Module):

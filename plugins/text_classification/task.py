@@ -45,12 +45,13 @@ from tk.plugins.text_classification.data import (
     Row,
     TextClsTokenizerConfig,
     check_data,
+    check_length,
     label_set,
     read_rows,
 )
 from tk.plugins.text_classification.distill import TextTeacher, check_text_distill
 from tk.plugins.text_classification.metrics import build_metrics
-from tk.plugins.text_classification.model import ModelConfig, TextClassifier
+from tk.plugins.text_classification.model import ModelConfig, PredictConfig, TextClassifier, uses_pooler
 from tk.plugins.text_classification.pretrained import (
     ENCODER_PREFIX,
     SHAPE_KEYS,
@@ -77,7 +78,8 @@ class TextClassificationTask(Task):
     name: ClassVar[str] = "text_classification"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
-    extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TextClsTokenizerConfig, "distill": DistillConfig}
+    extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TextClsTokenizerConfig, "distill": DistillConfig,
+                                                     "predict": PredictConfig}
     renamed_keys: ClassVar[Mapping[str, str]] = {
         "data.tokenizer": "tokenizer.kind", "data.vocab_size": "tokenizer.vocab_size",
         "data.lowercase": "tokenizer.lowercase", "data.hf_splits": "data.hf_split",
@@ -212,15 +214,9 @@ class TextClassificationTask(Task):
 
     @property
     def pooler(self) -> bool:
-        """Whether the classifier has BERT's pooler: ``model.pooler``, or where it is null, on for
-        an HF BERT source and a post-norm [CLS] encoder (BERT's shape); a saved run's own choice."""
+        """Whether the classifier has BERT's pooler (:func:`uses_pooler`; a saved run's own choice)."""
         if self._pooler is None:
-            m = self.model_cfg
-            if m.pooler is not None:
-                self._pooler = m.pooler
-            else:  # an HF BERT source is post-norm too
-                norm_first = self.encoder_spec["cfg"]["norm_first"] if self.encoder_spec else m.norm_first
-                self._pooler = m.pooling == "cls" and not norm_first
+            self._pooler = uses_pooler(self.model_cfg, self.encoder_spec["cfg"] if self.encoder_spec else None)
         return self._pooler
 
     @property
@@ -377,12 +373,16 @@ class TextClassificationTask(Task):
         """
         pairs = None
         texts = list(inputs)
+        if any(not t.strip() for t in texts):  # the engine then retries one input at a time: an error each
+            raise TkError("the text is empty; a classifier needs words to label")
         if self.data.text_pair_column:
             split = [t.split("\t", 1) for t in texts]
             bad = [t for t, s in zip(texts, split) if len(s) != 2]
             if bad:
                 raise TkError(f"{bad[0]!r}: this run classifies text pairs; give the two texts separated by a tab")
             texts, pairs = [s[0] for s in split], [s[1] for s in split]
+        truncate = (self.sections.get("predict") or PredictConfig()).truncate
+        check_length(self.tokenizer, texts, pairs, self.max_len, truncate)
         enc = self.encode(texts, pairs)
         batch = self.collate([{"input_ids": i, "token_types": t} for i, t in zip(enc.ids, enc.type_ids)])
         device = next(model.parameters()).device

@@ -4,6 +4,7 @@ metrics files, multi-label, fine-tuning (hub id, layer decay)."""
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -317,7 +318,7 @@ def test_bpe_tokenizer_on_text_pairs_end_to_end(tmp_path):
     run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", "data.source=files",
              f"data.train_file={tmp_path / 'train.tsv'}", f"data.val_file={tmp_path / 'dev.tsv'}",
              "data.text_column=premise", "data.text_pair_column=hypothesis", "tokenizer.kind=bpe",
-             "train.max_steps=2", *SMALL_RUN])
+             "train.max_steps=2", *SMALL_RUN, "tokenizer.vocab_size=300", "data.max_len=64"])  # bpe: the 256 bytes + merges
     tok = json.loads((run_dir / "artifacts" / "tokenizer.json").read_text())
     assert tok["model"]["type"] == "BPE"
     task, model = load_run(run_dir, "last", [])
@@ -412,3 +413,21 @@ def test_given_tokenizer_path_and_sinusoidal_positions(tmp_path):
     result = CliRunner().invoke(cli, ["run", "textcls_synthetic", f"output_dir={tmp_path / 'bad'}",
                                       f"tokenizer.path={tmp_path / 'bad.json'}", "train.max_steps=2", *SMALL_RUN])
     assert result.exit_code == 2 and "tokenizer.path:" in result.output and "[CLS]" in result.output, result.output
+
+
+def test_predict_refuses_empty_and_too_long_texts_per_input(tmp_path):
+    """An empty text gets no label and a text the model would see only in part is an error for
+    that input (the others are predicted), unless predict.truncate=true."""
+    run = tmp_path / "run"
+    run_cli(["run", "textcls_synthetic", f"output_dir={run}", *SMALL_RUN, "train.max_steps=1",
+             "data.num_train=64", "data.num_val=16", "data.max_len=16"])
+    long_text = " ".join(["good , not bad"] * 20)
+    result = CliRunner().invoke(cli, ["predict", str(run), "", "the film was good", long_text])
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.exit_code == 1 and "2 of 3 inputs failed" in result.stderr
+    assert records[0]["error"] == "the text is empty; a classifier needs words to label"
+    assert "label" in records[1]
+    assert re.search(r"the text has \d+ tokens, more than the 16 the model takes \(data.max_len\); shorten it, or "
+                    r"pass predict.truncate=true", records[2]["error"])
+    cut = CliRunner().invoke(cli, ["predict", str(run), long_text, "predict.truncate=true"])
+    assert cut.exit_code == 0 and "label" in json.loads(cut.stdout)

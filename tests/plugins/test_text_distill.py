@@ -66,7 +66,7 @@ def bpe_teacher(tmp_path_factory):
     """A tiny text_classification run with a byte-level BPE tokenizer (2 updates)."""
     tmp = tmp_path_factory.mktemp("teacher")
     tk("run", "textcls_synthetic", f"output_dir={tmp / 'run'}", *TINY, *data_keys(tmp, keyword_rows(64, 0)),
-       "tokenizer.kind=bpe", "train.max_steps=2")
+       "tokenizer.kind=bpe", "tokenizer.vocab_size=300", "train.max_steps=2")  # bpe: the 256 bytes + merges
     return tmp / "run"
 
 
