@@ -38,6 +38,7 @@ from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, load_hub_dataset
 from tk.plugins.language_model.corpus import read_corpus, synthetic_text
 from tk.plugins.language_model.data import (
+    UNK,
     BlockDataset,
     DataConfig,
     TokenizerConfig,
@@ -293,6 +294,11 @@ class LanguageModelTask(Task):
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise TkError("--prompt: the prompt is empty; give at least one character")
+        if self.tokenizer.kind == "char":  # an unseen character would silently become <unk>
+            unseen = sorted({c for c in prompt if self.tokenizer.tok.token_to_id(c) is None})
+            if unseen:
+                raise TkError(f"the prompt has characters the model never saw ({''.join(unseen)!r}: they would all be "
+                              f"{UNK}); use the characters of its training text")
         limit = self.data.block_size  # the longest context the model was trained on
         if len(ids) + cfg.max_len > limit:
             raise TkError(f"prompt ({len(ids)} tokens) + new tokens ({cfg.max_len}, --max-new-tokens or "

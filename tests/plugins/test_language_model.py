@@ -454,3 +454,16 @@ def test_generated_text_joins_the_prompt_as_the_tokenizer_decodes_both(tmp_path,
     new_ids = generate_ids(model, torch.tensor([prompt_ids]), cfg).tokens[0].tolist()
     assert decode(task.tokenizer, prompt_ids) + text == decode(task.tokenizer, prompt_ids + new_ids)
     assert "".join(pieces) == text and "##" not in text
+
+
+def test_a_prompt_with_unseen_characters_is_an_error_naming_them(tmp_path):
+    run = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", "lm_synthetic", f"output_dir={run}", *FAST, "data.num_sentences=300",
+                                      "train.max_steps=1", "train.eval_every=1", "model.dim=32", "model.depth=1",
+                                      "data.num_samples=0"])
+    assert result.exit_code == 0, result.output
+    bad = CliRunner().invoke(cli, ["generate", str(run), "--prompt", "the CAT ☃"])
+    assert bad.exit_code == 2 and bad.stderr == (
+        "error: the prompt has characters the model never saw ('ACT☃': they would all be <unk>); use the characters "
+        "of its training text\n")
+    assert CliRunner().invoke(cli, ["generate", str(run), "--prompt", "the cat"]).exit_code == 0
