@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -75,7 +76,9 @@ def launch(nproc_per_node: int, tk_args: list[str], debug: bool = False,
         run_agent(args)
         return 0
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
+        # the first failure, but not a worker the agent itself stopped with SIGTERM because another failed
+        rank, failure = min(e.failures.items(), key=lambda item: (item[1].exitcode == -signal.SIGTERM,
+                                                                  item[1].timestamp, item[0]))
         if failure.exitcode >= 0:  # the worker's own one line (tk's exit code: 2 config, 1 run)
             reported = failure.error_file_data.get("message")
             line = reported if isinstance(reported, str) and reported.startswith("error:") else \

@@ -94,7 +94,7 @@ def test_a_failure_at_step_n_is_one_line_and_its_resume_command_continues_exactl
 def test_a_killed_worker_is_one_line_naming_rank_and_signal(tmp_path, rank):
     job = start(tmp_path, "run", "lm_synthetic", "output_dir=k", "train.max_steps=2000", *LM,
                 "--nproc-per-node", "2")
-    wait_for(tmp_path / "k" / "checkpoints" / "step_00000004.pt")
+    wait_for(tmp_path / "k" / "checkpoints" / "last.pt")  # step files rotate (keep_last)
     os.kill(worker("output_dir=k", rank), signal.SIGKILL)
     _, stderr = job.communicate(timeout=120)
     assert job.returncode == 1
@@ -116,7 +116,7 @@ def test_an_error_on_every_rank_is_printed_once_with_exit_2(straight, tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_stops_the_job_with_a_checkpoint_and_exit_130(tmp_path):
     job = start(tmp_path, "run", "lm_synthetic", "output_dir=c", "train.max_steps=2000", *LM, "--nproc-per-node", "2")
-    wait_for(tmp_path / "c" / "checkpoints" / "step_00000004.pt")
+    wait_for(tmp_path / "c" / "checkpoints" / "last.pt")  # step files rotate (keep_last)
     job.send_signal(signal.SIGINT)  # what the terminal's Ctrl-C sends to the launcher
     _, stderr = job.communicate(timeout=120)
     assert job.returncode == 130
