@@ -8,11 +8,13 @@ torchrun: https://pytorch.org/docs/stable/elastic/run.html
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 from tk.core.run.checkpoint import CheckpointManager
@@ -29,9 +31,6 @@ def report_to_launcher(line: str) -> bool:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not os.environ.get(LAUNCHER_ENV) or not path:
         return False
-    import json
-    import time
-
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}), encoding="utf-8")

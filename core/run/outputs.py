@@ -102,8 +102,7 @@ def _strangers(folder: Path) -> list[str]:
     return [f for f in found if f not in listed and f != OUTPUT_MARKER]
 
 
-def _what(path: Path) -> str:
-    by = written_by(path)
+def _what(path: Path, by: str | None) -> str:
     kind = "folder" if path.is_dir() else "file"
     return f"a {kind} {by} wrote" if by else f"a {kind} tk did not write"
 
@@ -137,7 +136,7 @@ def check_output(output: str | Path, command: str, overwrite: bool, sources: Seq
             return out  # an empty folder: nothing to lose
         by = written_by(out) if not out.is_symlink() else None
         if by != command:
-            what = "a link" if out.is_symlink() else _what(out)
+            what = "a link" if out.is_symlink() else _what(out, by)
             raise TkError(f"{flag} {out}: exists and is {what}; {command} replaces only its own output: "
                           f"pass another {flag}")
         if not overwrite:
