@@ -29,7 +29,7 @@ from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum, kl_distillation_loss
 
 __all__ = ["DistillConfig", "TeacherLogitsCache", "check_distill", "check_same_teacher", "distillation_loss",
-           "load_teacher_run", "weights_sha256"]
+           "load_teacher_run", "teacher_run_problem", "weights_sha256"]
 
 
 @dataclass
@@ -70,6 +70,19 @@ def weights_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def teacher_run_problem(teacher: str, task_name: str) -> str | None:
+    """Why ``distill.teacher`` cannot be a teacher run (missing, or not a run), checked before a
+    run starts; None when it may be one (loading it checks its task and classes)."""
+    path = Path(teacher).expanduser()
+    if not path.exists():
+        return (f"distill.teacher: {teacher} does not exist; give the output_dir of a finished {task_name} "
+                f"run (train the teacher first)")
+    if not is_run_path(path):
+        return (f"distill.teacher: {teacher} is not a tk run dir (no config.yaml) nor a file in its "
+                f"checkpoints/; give the output_dir of a finished {task_name} run")
+    return None
+
+
 def load_teacher_run(teacher: str, task_name: str, class_names: Sequence[Any],
                      load_run: Callable[[Path, str], tuple[Any, nn.Module]]) -> tuple[Any, nn.Module, dict[str, str]]:
     """The teacher's task, its model (eval mode) and its record ``{"teacher": path, "sha256": ...}``.
@@ -85,12 +98,9 @@ def load_teacher_run(teacher: str, task_name: str, class_names: Sequence[Any],
             other class names (one line each).
     """
     path = Path(teacher).expanduser()
-    if not path.exists():
-        raise TkError(f"distill.teacher: {teacher} does not exist; give the output_dir of a finished {task_name} "
-                      f"run (train the teacher first)")
-    if not is_run_path(path):
-        raise TkError(f"distill.teacher: {teacher} is not a tk run dir (no config.yaml) nor a file in its "
-                      f"checkpoints/; give the output_dir of a finished {task_name} run")
+    problem = teacher_run_problem(teacher, task_name)
+    if problem:
+        raise TkError(problem)
     run_dir, checkpoint = (path, "best") if path.is_dir() else (path.parent.parent, str(path))
     task, model = load_run(run_dir, checkpoint)
     if task.name != task_name:

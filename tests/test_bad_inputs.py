@@ -574,3 +574,40 @@ def test_renamed_key_is_one_line_naming_the_new_key(task, old, new, how, tmp_pat
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert "renamed to" in result.stderr and new in result.stderr, result.stderr
     assert hashes(tmp_path) == before
+
+
+# -- tk validate runs what tk run checks (issue #35 item 5) ---------------------------------------
+SMALL_TEXT = ["data.num_train=64", "data.num_val=16", "train.max_steps=1"]
+SMALL_IMAGES = ["data.num_train=8", "data.num_val=4", "model.dim=16", "model.depth=1", "model.num_heads=2",
+                "train.max_steps=1", "train.batch_size=4"]
+REFUSALS = {
+    "best_metric typo": ["quickstart", *SMALL_IMAGES, "train.best_metric=val/top2"],
+    "best_metric of EMA off": ["quickstart", *SMALL_IMAGES, "train.best_metric=val_ema/top1"],
+    "text best_metric typo": ["textcls_synthetic", *SMALL_TEXT, "train.best_metric=val/f1"],
+    "text teacher missing": ["textcls_synthetic", *SMALL_TEXT, "distill.type=soft", "distill.teacher={d}/none"],
+    "image teacher missing": ["quickstart", *SMALL_IMAGES, "distill.type=soft", "distill.teacher={d}/none"],
+    "image teacher not a run": ["quickstart", *SMALL_IMAGES, "distill.type=soft", "distill.teacher={d}"],
+    "timm teacher file missing": ["quickstart", *SMALL_IMAGES, "distill.type=soft",
+                                  "distill.teacher=vit_tiny_patch16_224", "distill.teacher_file={d}/t.safetensors"],
+    "pretrained_from missing": ["textcls_synthetic", *SMALL_TEXT, "model.pretrained_from={d}/none"],
+    "image pretrained_from not a run": ["quickstart", *SMALL_IMAGES, "model.pretrained_from={d}"],
+    "cuda without a GPU": ["quickstart", *SMALL_IMAGES, "train.device=cuda"],
+    "fp16 on CPU": ["quickstart", *SMALL_IMAGES, "train.device=cpu", "train.precision=fp16"],
+    "lora targets match nothing": ["textcls_synthetic", *SMALL_TEXT, "model.lora.targets=[nomatch]"],
+    "config": ["quickstart", "optim.lr=0", "model.dim=30"],
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_validate_refuses_what_run_refuses_with_the_same_line(name, tmp_path):
+    """One list of checks (tk.core.engine.checks): validate says the line run says, and run
+    says it before it writes anything."""
+    if torch.cuda.is_available() and name in ("cuda without a GPU", "fp16 on CPU"):
+        pytest.skip("needs a machine without CUDA")
+    args = [a.format(d=tmp_path) for a in REFUSALS[name]]
+    validate = CliRunner().invoke(cli, ["validate", *args])
+    run = CliRunner().invoke(cli, ["run", *args, f"output_dir={tmp_path / 'run'}"])
+    assert validate.exit_code == run.exit_code == 2, (validate.stderr, run.stderr)
+    assert validate.stderr.startswith("error: ") and validate.stderr.count("\n") == 1, validate.stderr
+    assert run.stderr == validate.stderr
+    assert not (tmp_path / "run").exists()

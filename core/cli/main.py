@@ -125,20 +125,17 @@ def config_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
 @overrides_argument
 @debug_option
 def validate_cmd(recipe: str, overrides: tuple[str, ...]) -> None:
-    """Check a recipe (schema, cross-field rules, a pretrained source, the device and
-    precision on this machine) without running it; everything `tk run` checks except the data.
+    """Check a recipe without running it: the schema and cross-field rules, then every check
+    `tk run` makes before it writes a run dir (the device and precision on this machine, a
+    pretrained source, a distillation teacher, train.best_metric); all but the data.
     With `model.lora`, the model is built too (reading the data, writing nothing), so adapter
     targets or trainable patterns that match nothing are caught here."""
-    from tk.core.errors import TkError
+    from tk.core.engine.checks import run_checks
     from tk.core.recipe import load_config
     from tk.core.training.assemble import assemble
-    from tk.core.training.device import preflight
 
     cfg, task_cls = load_config(recipe, list(overrides))
-    problems = task_cls.check_fresh_run(cfg)
-    if problems:
-        raise TkError("; ".join(problems))
-    preflight(cfg)
+    run_checks(cfg, task_cls, fresh=True)  # the list tk run checks before it writes anything
     if getattr(cfg.sections.get("model"), "lora", None) is not None:  # the patterns need the model's names
         assemble(cfg, task_cls, None, "summary")
     click.echo(f"{cfg.source}: ok (task {cfg.task})")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from tk.core.distributed import barrier, cleanup, init_distributed, ranks_not_seeing
+from tk.core.engine.checks import run_checks
 from tk.core.engine.train import Trainer
 from tk.core.errors import RunError, TkError
 from tk.core.recipe import load_config
@@ -36,8 +37,6 @@ from tk.core.run.run_dir import (
     unusable_dir,
     write_run_marker,
 )
-from tk.core.training.device import check_logger_packages, preflight
-from tk.core.training.precision import check_precision
 from tk.core.training.signals import TrainingInterrupted
 
 __all__ = ["RUN_MARKER", "FAULT_ENV", "is_run_dir", "write_run_marker", "check_run_dir", "auto_resume_plan",
@@ -132,20 +131,10 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
     dist = _init_distributed(cfg.train.device)
     lock = RunDirLock()  # held by the process that prepares the run dir, until this returns
     try:
-        # device and precision problems, before anything is written
-        problem = check_precision(cfg.train.precision, dist.device) if dist is not None else None
-        if dist is None:
-            preflight(cfg)
-        else:
-            check_logger_packages(cfg)
-            if problem:
-                raise TkError(problem)
-        main_first = dist is None or dist.rank == 0  # --resume auto: rank 0's view of the dir, before any write
+        # every check tk validate makes too, before anything is written (--resume auto: rank 0's view of the dir)
+        main_first = dist is None or dist.rank == 0
         fresh = not resume or (auto and main_first and auto_resume_plan(cfg.output_dir) != "resume")
-        if fresh:  # e.g. model.pretrained_from: a missing or unreadable source, before anything is written
-            fresh_problems = task_cls.check_fresh_run(cfg)
-            if fresh_problems:
-                raise TkError("; ".join(fresh_problems))
+        run_checks(cfg, task_cls, fresh, dist)
         is_main = dist is None or dist.rank == 0
         existed = _exists(Path(cfg.output_dir))
 

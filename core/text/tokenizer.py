@@ -19,6 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from tk.core.errors import TkError
+from tk.core.text.reproducible import canonical_unigram, train_wordpiece
 
 __all__ = ["BERT_SPECIALS", "BERT_TEMPLATE", "Encoded", "Template", "TextTokenizer", "TokenizerConfig",
            "build_tokenizer"]
@@ -124,7 +125,11 @@ class TextTokenizer:
             tok = _train_char(texts, specials, unk_token, cfg.lowercase)
         else:
             tok, trainer = _subword(cfg, specials, unk_token)
-            tok.train_from_iterator(_line_batches(texts), trainer)
+            if cfg.kind == "wordpiece":  # the same vocabulary in every process (see tk.core.text.reproducible)
+                tok = train_wordpiece(tok, texts, cfg.vocab_size, cfg.min_frequency, specials, unk_token)
+            else:
+                tok.train_from_iterator(_line_batches(texts), trainer)
+                tok = canonical_unigram(tok, specials) if cfg.kind == "unigram" else tok
         out = cls(tok)
         if template is not None:
             out.set_template(template)
@@ -325,7 +330,7 @@ def _char_table(tok: Tokenizer) -> tuple[dict[str, int], int, list[str]] | None:
     return vocab, vocab.get(data["model"]["unk_token"], 0), specials
 
 
-def _subword(cfg: TokenizerConfig, specials: list[str], unk: str | None) -> tuple[Tokenizer, trainers.Trainer]:
+def _subword(cfg: TokenizerConfig, specials: list[str], unk: str | None) -> tuple[Tokenizer, trainers.Trainer | None]:
     """An untrained bpe / wordpiece / unigram tokenizer and its trainer."""
     common = {"vocab_size": cfg.vocab_size, "special_tokens": specials, "show_progress": False}
     lower = [normalizers.Lowercase()] if cfg.lowercase else []
@@ -341,7 +346,7 @@ def _subword(cfg: TokenizerConfig, specials: list[str], unk: str | None) -> tupl
         tok.normalizer = normalizers.BertNormalizer(lowercase=cfg.lowercase, strip_accents=cfg.lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        return tok, trainers.WordPieceTrainer(min_frequency=cfg.min_frequency, **common)
+        return tok, None  # trained by train_wordpiece
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), *lower])
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -374,8 +379,7 @@ def _from_folder(folder: Path, key: str) -> Tokenizer:
     if (folder / "tokenizer.json").is_file():
         return _from_file(folder / "tokenizer.json", key)
     if (folder / "vocab.txt").is_file():
-        lower = True
-        config = folder / "tokenizer_config.json"
+        lower, config = True, folder / "tokenizer_config.json"
         if config.is_file():
             try:
                 lower = bool(json.loads(config.read_text(encoding="utf-8")).get("do_lower_case", True))

@@ -26,10 +26,10 @@ from torch import nn
 from tk.core.config import did_you_mean
 from tk.core.distill import DistillConfig as CoreDistillConfig
 from tk.core.distill import check_distill as check_core_distill
-from tk.core.distill import distillation_loss, load_teacher_run, weights_sha256
+from tk.core.distill import distillation_loss, load_teacher_run, teacher_run_problem, weights_sha256
 from tk.core.errors import TkError
 
-__all__ = ["DistillConfig", "check_distill", "distillation_loss", "load_teacher", "weights_sha256"]
+__all__ = ["DistillConfig", "check_distill", "distillation_loss", "load_teacher", "teacher_problems", "weights_sha256"]
 
 
 @dataclass
@@ -58,6 +58,18 @@ def check_distill(cfg: DistillConfig) -> list[str]:
     return problems
 
 
+def teacher_problems(cfg: DistillConfig, task_name: str) -> list[str]:
+    """A missing teacher run or teacher file, found before the run starts (as ``load_teacher`` would)."""
+    if cfg.type == "none" or not cfg.teacher:
+        return []
+    if Path(cfg.teacher).expanduser().exists() or not timm.is_model(cfg.teacher):
+        problem = teacher_run_problem(cfg.teacher, task_name)
+        return [problem] if problem else []
+    if cfg.teacher_file is not None and not Path(cfg.teacher_file).expanduser().is_file():
+        return [f"distill.teacher_file: {cfg.teacher_file} does not exist; give the teacher's weights file"]
+    return []
+
+
 def load_teacher(cfg: DistillConfig, class_names: list[str]) -> tuple[nn.Module, dict[str, str]]:
     """The teacher model and its record ``{"teacher": path or name, "sha256": ...}``.
 
@@ -80,7 +92,7 @@ def _timm_teacher(cfg: DistillConfig, num_classes: int) -> tuple[nn.Module, dict
     if not timm.is_model(cfg.teacher):
         raise TkError(f"distill.teacher: {cfg.teacher!r} is neither an existing run dir nor a timm model name")
     if cfg.teacher_file is not None and not Path(cfg.teacher_file).expanduser().is_file():
-        raise TkError(f"distill.teacher_file: {cfg.teacher_file} does not exist; give the teacher's weights file")
+        raise TkError(teacher_problems(cfg, "image_classification")[0])
     pretrained = cfg.teacher_pretrained or cfg.teacher_file is not None
     kwargs: dict[str, Any] = {"pretrained": pretrained}
     if cfg.teacher_file is not None:

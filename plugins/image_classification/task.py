@@ -23,7 +23,13 @@ from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_source_dataset, check_not_empty
-from tk.plugins.image_classification.distill import DistillConfig, check_distill, distillation_loss, load_teacher
+from tk.plugins.image_classification.distill import (
+    DistillConfig,
+    check_distill,
+    distillation_loss,
+    load_teacher,
+    teacher_problems,
+)
 from tk.plugins.image_classification.metrics import ConfusionMatrix, HeadAccuracy
 from tk.plugins.image_classification.mixup import LossConfig, MixupConfig, build_mixup, check_mixup
 from tk.plugins.image_classification.model import ModelConfig, both_heads, build_classifier, check_model, is_distilled
@@ -104,7 +110,7 @@ class ImageClassificationTask(Task):
                 opened[0].weights()
         except TkError as e:
             return [str(e)]
-        return []
+        return teacher_problems(cfg.sections.get("distill") or DistillConfig(), cls.name)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:

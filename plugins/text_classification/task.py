@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from tk.core.distill import DistillConfig, check_same_teacher, distillation_loss
+from tk.core.distill import DistillConfig, check_same_teacher, distillation_loss, teacher_run_problem
 from tk.core.engine.inference import (
     SourceRun,
     describe_shape,
@@ -122,7 +122,9 @@ class TextClassificationTask(Task):
                 return hf_shape_problems(task.model_cfg, built, cfg.given)[0]
         except TkError as e:
             return [str(e)]
-        return []
+        distill = cfg.sections.get("distill") or DistillConfig()
+        problem = teacher_run_problem(distill.teacher, cls.name) if distill.type != "none" and distill.teacher else None
+        return [problem] if problem else []
 
     @property
     def multi_label(self) -> bool:
@@ -360,7 +362,7 @@ class TextClassificationTask(Task):
         return StepOutput(loss=loss, num_items=count, outputs=logits.detach())
 
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
-        return build_metrics(self.labels, self.multi_label, self.model_cfg.threshold)
+        return build_metrics(self.labels or [], self.multi_label, self.model_cfg.threshold)  # [] before set-up: keys only
 
     # -- inference ---------------------------------------------------------------------
     @torch.no_grad()

@@ -260,3 +260,65 @@ def test_multilabel_keys():
     metric.update(StepOutput(loss=torch.tensor(0.0), num_items=2, outputs=logits),
                   {"labels": torch.tensor([[1.0, 0.0], [1.0, 0.0]])})
     assert metric.compute() == {"micro_f1": pytest.approx(0.8), "macro_f1": pytest.approx(0.5), "subset_acc": 0.5}
+
+
+# -- reproducible training (issue #35 item 4) ------------------------------------------------------
+TRAIN_IN_A_FRESH_PROCESS = """
+import random, sys
+from tk.core.text import TextTokenizer, TokenizerConfig
+rng = random.Random(0)
+letters = "abcdefghijklmnopqrstuvwxyzéüßøåçñ"
+words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(300)]
+lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(600)]  # many tied counts
+cfg = TokenizerConfig(kind=sys.argv[1], vocab_size=400, min_frequency=2)
+sys.stdout.write(TextTokenizer.train(lines, cfg, ["[PAD]", "[UNK]"]).to_str())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["char", "bpe", "wordpiece", "unigram"])
+def test_every_kind_trains_the_same_tokenizer_in_fresh_processes(kind):
+    """tokenizers' WordPiece and Unigram trainers follow per-process hash order (issue #1794 there);
+    tk's training gives one tokenizer.json for the same texts, byte for byte."""
+    import subprocess
+
+    runs = {subprocess.run([sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS, kind], capture_output=True, text=True,
+                           check=True).stdout for _ in range(3)}
+    assert len(runs) == 1
+    assert json.loads(runs.pop())["model"]["type"] == {"char": "WordLevel", "bpe": "BPE", "wordpiece": "WordPiece",
+                                                      "unigram": "Unigram"}[kind]
+
+
+def test_wordpiece_vocabulary_is_the_tokenizers_trainers_up_to_ties():
+    from tokenizers import trainers
+
+    cfg = TokenizerConfig(kind="wordpiece", vocab_size=120, min_frequency=1)
+    tk_tok = TextTokenizer.train(TEXTS, cfg, list(BERT_SPECIALS))
+    raw, _ = tokenizer_module._subword(cfg, list(BERT_SPECIALS), "[UNK]")
+    raw.train_from_iterator([TEXTS], trainers.WordPieceTrainer(vocab_size=120, min_frequency=1,
+                                                               special_tokens=list(BERT_SPECIALS), show_progress=False))
+    ours, theirs = set(tk_tok.tok.get_vocab()), set(raw.get_vocab())
+    assert len(ours) == len(theirs)  # every merge of this small corpus: fewer than 120
+    assert len(ours & theirs) >= len(ours) - 4  # the rest: merges of equal count, which tokenizers orders by hash
+    assert {"t", "##t", "ü", "##ï", "the", "[UNK]"} <= ours and not any("\U000f0000" <= c for p in ours for c in p)
+    assert tk_tok.special_ids == {s: i for i, s in enumerate(BERT_SPECIALS)}
+    assert tk_tok.decode(tk_tok.encode("the cat sat on a mat")) == "the cat sat on a mat"
+
+
+def test_unigram_canonical_form_orders_tied_characters_and_rounds_scores():
+    from tokenizers import Tokenizer, models
+
+    from tk.core.text.reproducible import canonical_unigram
+
+    def tok(tail: list[str], noise: float) -> Tokenizer:
+        vocab = [("<unk>", 0.0), ("ab", -2.0 + noise), ("a", -3.0), ("b", -3.0 - noise)]
+        vocab += [(c, -9.0 + k * 1e-4) for k, c in enumerate(tail)]  # appended in hash order
+        return Tokenizer(models.Unigram(vocab, unk_id=0))
+
+    one = canonical_unigram(tok(["z", "x", "y"], 1e-12), ["<unk>"])
+    two = canonical_unigram(tok(["y", "z", "x"], -1e-12), ["<unk>"])
+    assert one.to_str() == two.to_str()
+    vocab = json.loads(one.to_str())["model"]["vocab"]
+    assert vocab == [["<unk>", 0.0], ["ab", -2.0], ["a", -3.0], ["b", -3.0], ["x", -8.9998], ["y", -8.9999],
+                     ["z", -9.0]]
+    assert json.loads(one.to_str())["model"]["unk_id"] == 0

@@ -431,3 +431,25 @@ def test_predict_refuses_empty_and_too_long_texts_per_input(tmp_path):
                     r"pass predict.truncate=true", records[2]["error"])
     cut = CliRunner().invoke(cli, ["predict", str(run), long_text, "predict.truncate=true"])
     assert cut.exit_code == 0 and "label" in json.loads(cut.stdout)
+
+
+@pytest.mark.slow
+def test_two_fresh_runs_with_one_seed_train_the_same_tokenizer_and_losses(tmp_path):
+    """Issue #35 item 4: a run trains its WordPiece vocabulary in its own process; the same seed
+    gives the same tokenizer.json, byte for byte, and the same loss at every step."""
+    import subprocess
+    import sys
+
+    args = ["textcls_synthetic", "data.num_train=512", "data.num_val=64", "train.epochs=1", "train.log_every=2",
+            "train.eval_every=8", "train.progress=false", "tokenizer.vocab_size=120"]
+    for name in ("a", "b"):
+        subprocess.run([sys.executable, "-m", "tk", "run", *args, f"output_dir={tmp_path / name}"], check=True,
+                       capture_output=True)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert (a / "artifacts/tokenizer.json").read_bytes() == (b / "artifacts/tokenizer.json").read_bytes()
+
+    def losses(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r.get("loss"), r.get("val/loss")) for r in rows]
+
+    assert len(losses(a)) >= 9 and losses(a) == losses(b)
