@@ -3,6 +3,7 @@ run, tracebacks with ``--debug`` or ``TK_DEBUG=1``), plus the plugin commands of
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -63,12 +64,31 @@ class TkGroup(click.Group):
                 traceback.print_exc()
             _error_line(f"error: {_one_line(str(e))}")
             ctx.exit(e.exit_code)
+        except OSError as e:  # a file a command reads or writes: the file and what the system said
+            if debug_requested(ctx):
+                traceback.print_exc()
+            _error_line(f"error: {_os_error(e)}", printed=debug_requested(ctx))
+            ctx.exit(1 if e.errno == errno.ENOSPC or e.errno not in _OS_FIXES else 2)  # 2: a path the user gave
         except Exception as e:  # a failure during a run
             if debug_requested(ctx):
                 traceback.print_exc()
             _error_line(f"error: {type(e).__name__}: {_one_line(str(e))} (run with --debug for the full traceback)",
                         printed=debug_requested(ctx))
             ctx.exit(1)
+
+
+_OS_FIXES = {errno.ENOSPC: "free disk space and run the command again",
+             errno.EACCES: "choose a path you may write, or change its permissions",
+             errno.EPERM: "choose a path you may write, or change its permissions",
+             errno.EROFS: "choose a path on a writable disk",
+             errno.ENOENT: "check the path"}
+
+
+def _os_error(e: OSError) -> str:
+    """``PATH: what the system said; the fix`` for an OSError no command turned into a TkError."""
+    where = f"{e.filename}: " if e.filename else ""
+    fix = _OS_FIXES.get(e.errno, "run with --debug for the full traceback")
+    return f"{where}{e.strerror or _one_line(str(e))}; {fix}"
 
 
 def _error_line(line: str, printed: bool = False) -> None:

@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from safetensors.torch import load_file
 from torch import nn
 
 from tk.core.artifacts import ARTIFACTS_DIR
 from tk.core.data.loader import LoaderSpec
 from tk.core.engine.predict import predict_batches
 from tk.core.errors import TkError
-from tk.core.exchange.export import average_checkpoints, export_safetensors, tk_metadata
+from tk.core.exchange.export import average_checkpoints, export_safetensors, read_weights, tk_metadata
 from tk.core.exchange.pretrained import (
     RECORD_FILE,
     TRANSFORMER_SHAPE_KEYS,
@@ -76,6 +75,7 @@ def step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
         TkError: ``run_dir`` has no ``checkpoints`` folder.
     """
     folder = Path(run_dir) / "checkpoints"
+    _exists(Path(run_dir))
     if not folder.is_dir():
         raise TkError(f"{run_dir} has no checkpoints/ folder; pass the output_dir of a `tk run`")
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_RE.match(p.name))]
@@ -94,8 +94,14 @@ class _SavedRun:
     ema: bool = False  # the weights are the checkpoint's EMA weights
 
 
+def _exists(run_dir: Path) -> None:
+    if not run_dir.exists():
+        raise TkError(f"{run_dir} does not exist; pass the output_dir of a `tk run` (`tk runs` lists the runs here)")
+
+
 def _config(run_dir: Path, overrides: list[str]) -> tuple[Any, type[Task]]:
     config_path = run_dir / "config.yaml"
+    _exists(run_dir)
     if not config_path.is_file():
         raise TkError(f"{run_dir} is not a tk run dir (no config.yaml); pass the output_dir of a `tk run`")
     return load_config(str(config_path), list(overrides))
@@ -115,7 +121,7 @@ def _open_run(run_dir: Path, checkpoint: str, overrides: list[str], ema: bool | 
             raise TkError(f"--weights: no file {source}; pass a .safetensors file (e.g. the run's model.safetensors)")
         last = run_dir / "checkpoints" / "last.pt"
         return _SavedRun(cfg, task_cls, source, load_checkpoint(last, full_model=False) if last.is_file() else {},
-                         load_file(source))
+                         read_weights(source, "--weights"))
     source = resolve_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(source)
     if ema is None:  # the weights the run selected

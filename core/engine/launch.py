@@ -284,10 +284,10 @@ def _unreadable_last(e: CheckpointReadError, run_dir: Path, command: str) -> TkE
     command that continues from the newest of them."""
     intact = intact_checkpoints(run_dir / "checkpoints")
     if not intact:
-        return TkError(f"{e}; no intact checkpoint in {run_dir / 'checkpoints'}: start again with --overwrite")
+        return TkError(f"{e.problem}; no intact checkpoint in {run_dir / 'checkpoints'}: start again with --overwrite")
     names = ", ".join(p.name for p in intact)
     newest = next((p for p in intact if p.name.startswith("step_")), intact[0])  # the most work kept
-    return TkError(f"{e}; intact checkpoints: {names}; resume from one with `{command} --resume-from {newest}`")
+    return TkError(f"{e.problem}; intact checkpoints: {names}; resume from one with `{command} --resume-from {newest}`")
 
 
 def _run_failure(e: BaseException, trainer: Trainer, run_dir: Path, restored: bool, command: str) -> BaseException:
@@ -305,7 +305,7 @@ def _run_failure(e: BaseException, trainer: Trainer, run_dir: Path, restored: bo
         step = manager.info.get("last", {}).get("step", "?")
         kept = f"the last checkpoint {latest} (step {step}) is intact; {fix} and continue with `{command} --resume`"
     else:
-        kept = "no checkpoint had been saved yet; start again with --overwrite"
+        kept = f"no checkpoint had been saved yet; {fix} and start again with --overwrite"
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         where = e.filename or run_dir
         return RunError(f"disk full (No space left on device) while writing {where} at step {trainer.step}; "

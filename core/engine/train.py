@@ -78,7 +78,7 @@ class Trainer:
         self.log = RunLog(self.run_dir, enabled=self.is_main, csv="csv" in t.loggers)
         seed_everything(t.seed + self.rank, t.deterministic)
         self.precision = Precision(t.precision, self.device, autocast=autocast_needed(t.strategy, self.device))
-        state = read_resume_checkpoint(resume_from, self.device) if resume_from is not None else None
+        state = read_resume_checkpoint(resume_from, self.device, cfg.task) if resume_from is not None else None
         loaders = partial(run_loaders, t=t, rank=self.rank, world_size=self.world_size, device=self.device)
         with self.log.messages():  # what the assembly reports (a pretrained source, adapters) goes to train.log
             built = assemble(cfg, task_cls, self.run_dir, "resume" if state else "train", state=state,

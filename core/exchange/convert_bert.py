@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from tk.core.errors import TkError
+from tk.core.exchange.export import read_weights
 from tk.core.nn.config import TransformerConfig
 
 __all__ = ["is_hub_id", "bert_config", "bert_state_dict", "load_bert_weights", "read_bert_config",
@@ -136,13 +137,9 @@ def bert_config(hf: dict[str, Any], dropout: float | None = None) -> tuple[Trans
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
-    if st.is_file():
-        from safetensors.torch import load_file  # lazy: only pretrained runs read safetensors
-
-        return load_file(str(st))
-    if pt.is_file():
-        return torch.load(pt, map_location="cpu", weights_only=True)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return read_weights(folder / name, "model.pretrained_from")
     raise TkError(f"model.pretrained_from: {folder} has neither model.safetensors nor pytorch_model.bin")
 
 

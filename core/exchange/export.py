@@ -6,6 +6,7 @@ safetensors: https://huggingface.co/docs/safetensors
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -18,7 +19,52 @@ from tk.core.nn.lora import merged_state_dict
 from tk.core.run.atomic import atomic_write
 from tk.core.run.checkpoint import load_checkpoint
 
-__all__ = ["export_safetensors", "average_checkpoints", "tk_metadata"]
+__all__ = ["export_safetensors", "average_checkpoints", "read_weights", "tk_metadata", "weights_file_problem"]
+
+
+def weights_file_problem(path: str | Path, key: str) -> str | None:
+    """Why a weights file cannot be read, found cheaply (a safetensors header, a zip's directory:
+    a truncated file fails both) before a run starts; None when it looks whole."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"{key}: {path} does not exist; give a .safetensors (or .pt/.pth/.bin) weights file"
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open  # lazy: a few commands read weights files
+
+            with safe_open(str(file), framework="pt"):
+                pass
+        elif zipfile.is_zipfile(file):  # torch.save's format; an older pickle file is read in full later
+            zipfile.ZipFile(file).close()
+        elif file.read_bytes()[:2] == b"PK":
+            raise ValueError("a zip archive without its central directory")
+    except Exception as e:
+        detail = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        return f"{key}: cannot read {path}: the file is truncated or damaged ({detail}); download or export it again"
+    return None
+
+
+def read_weights(path: str | Path, key: str) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file someone gives tk: ``.safetensors``, else a torch state dict
+    (``.pt``/``.pth``/``.bin``, read with ``weights_only=True``).
+
+    Raises:
+        TkError: one line naming ``key`` and the file: missing, or truncated/damaged.
+    """
+    problem = weights_file_problem(path, key)
+    if problem:
+        raise TkError(problem)
+    file = Path(path).expanduser()
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file  # lazy: a few commands read weights files
+
+            return load_file(str(file))
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors and torch raise several kinds for a damaged file
+        detail = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise TkError(f"{key}: cannot read {path}: the file is truncated or damaged ({detail}); download or "
+                      f"export it again") from e
 
 
 def tk_metadata(task: str, step: int | None, **extra: str) -> dict[str, str]:

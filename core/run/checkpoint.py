@@ -42,11 +42,16 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
 
 
 class CheckpointReadError(TkError):
-    """A checkpoint file is missing, damaged or not a tk checkpoint."""
+    """A checkpoint file is missing, damaged or not a tk checkpoint. ``problem``: the message
+    without the intact alternatives it may name."""
+
+    def __init__(self, problem: str, alternatives: str = "") -> None:
+        super().__init__(problem + alternatives)
+        self.problem = problem
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False,
-                    full_model: bool = True) -> dict[str, Any]:
+                    full_model: bool = True, alternatives: bool = True) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: no code
     in the file is run). With ``mmap`` the tensors are mapped from the file, not read (cheap
     to open; they are read when used).
@@ -57,7 +62,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
 
     Raises:
         CheckpointReadError: the file is missing, unreadable, not a tk checkpoint, or its
-            shard folder is missing or incomplete.
+            shard folder is missing or incomplete; a damaged file in a run's checkpoints/ names
+            the intact ones beside it (``alternatives``).
     """
     path = Path(path)
     if not path.is_file():
@@ -70,11 +76,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # pickle errors, truncated zip files, unsafe types
-        detail = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [""])[0]
-        raise CheckpointReadError(
-            f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {detail} "
-            "(damaged, truncated or not a tk checkpoint; tk loads with weights_only=True)"
-        ) from e
+        raise CheckpointReadError(f"cannot read checkpoint {str(path)!r}: {_load_problem(e)}",
+                                  _alternatives(path) if alternatives else "") from e
     if not isinstance(state, dict) or _MARK not in state:
         raise CheckpointReadError(
             f"{str(path)!r} is not a tk checkpoint (no {_MARK!r} marker); for a plain model state_dict "
@@ -93,6 +96,25 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     return state
 
 
+def _load_problem(e: Exception) -> str:
+    """What torch.load's exception means, in a few words (not miniz's paragraph)."""
+    text = str(e)
+    if isinstance(e, OSError) or "central directory" in text or "failed reading" in text:
+        return "the file is truncated or damaged (an incomplete copy or an interrupted write?)"
+    first = (text.splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:200]} (damaged or not a tk checkpoint; tk loads with weights_only=True)"
+
+
+def _alternatives(path: Path) -> str:
+    """``; intact checkpoints beside it: ...`` for a file in a run's checkpoints/ folder."""
+    if path.parent.name != "checkpoints":
+        return ""
+    intact = [p.name for p in intact_checkpoints(path.parent) if p.name != path.name]
+    if not intact:
+        return f"; no intact checkpoint in {path.parent}"
+    return f"; intact checkpoints beside it: {', '.join(intact)}; use one of them instead"
+
+
 def intact_checkpoints(directory: str | Path) -> list[Path]:
     """The checkpoints of a run's ``checkpoints/`` folder that load, newest step first
     (``last.pt`` and ``best.pt`` before the step files). Each file is read in full."""
@@ -104,7 +126,7 @@ def intact_checkpoints(directory: str | Path) -> list[Path]:
     for path in candidates:
         if path.is_file():
             try:
-                load_checkpoint(path, full_model=False)  # a shard folder: complete (its metadata written last)
+                load_checkpoint(path, full_model=False, alternatives=False)  # shards: complete (metadata last)
             except TkError:
                 continue
             intact.append(path)
@@ -323,15 +345,21 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, Any], strict: bo
     model.load_state_dict({k: v for k, v in state_dict.items() if k not in bad}, strict=strict)
 
 
-def read_resume_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+def read_resume_checkpoint(path: str | Path, map_location: Any = "cpu", task: str | None = None) -> dict[str, Any]:
     """The checkpoint ``--resume`` names.
 
     Raises:
-        TkError: there is no file at ``path``.
+        TkError: there is no file at ``path``, or it is a checkpoint of another task than ``task``.
     """
     if not Path(path).is_file():
         raise TkError(f"--resume: no checkpoint found at {path}; start a new run with --overwrite")
-    return load_checkpoint(path, map_location=map_location, full_model=False)  # shards are read sharded
+    state = load_checkpoint(path, map_location=map_location, full_model=False)  # shards are read sharded
+    saved = state.get("task")
+    if task is not None and saved is not None and saved != task:
+        recipe = Path(path).resolve().parent.parent / "config.yaml"
+        raise TkError(f"--resume: {path} is a checkpoint of task {saved}, not {task}; continue it with its "
+                      f"own recipe (`tk run {recipe} --resume-from {path}`), or start this run without --resume-from")
+    return state
 
 
 def load_resumed_model(model: nn.Module, state: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ from torch import nn
 
 from tk.core.engine.inference import SourceRun, adopt_shape, open_source
 from tk.core.errors import TkError
+from tk.core.exchange.export import read_weights as read_weights_file
 from tk.core.nn.vit import VisionTransformer, load_timm_vit
 
 log = logging.getLogger(__name__)
@@ -104,14 +105,7 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise TkError(f"model.pretrained_from: {path} does not exist; give a tk ViT run dir or .pt checkpoint, "
                       f"a .safetensors/.pth file of timm weights, or a timm ViT name")
-    try:
-        if file.suffix == ".safetensors":
-            from safetensors.torch import load_file  # lazy: only .safetensors files need it
-
-            return load_file(str(file))
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch / safetensors raise several kinds for a corrupt file
-        raise TkError(f"model.pretrained_from: cannot read {path}: {e}") from e
+    state = read_weights_file(file, "model.pretrained_from")
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

@@ -17,6 +17,7 @@ from tk.core.config import did_you_mean
 from tk.core.distill import check_same_teacher
 from tk.core.engine.inference import SourceRun, read_record, write_record
 from tk.core.errors import TkError
+from tk.core.exchange.export import weights_file_problem
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
 from tk.core.optim import OptimConfig, param_groups
@@ -110,6 +111,9 @@ class ImageClassificationTask(Task):
                 opened[0].weights()
         except TkError as e:
             return [str(e)]
+        spec = cfg.sections["model"].pretrained_from
+        if source_kind(spec) == "file" and (problem := weights_file_problem(spec, "model.pretrained_from")):
+            return [problem]
         return teacher_problems(cfg.sections.get("distill") or DistillConfig(), cls.name)
 
     @classmethod

@@ -181,7 +181,7 @@ class LanguageModelTask(Task):
         d = self.data
         if d.source == "hf":  # streamed: the text never has to fit in memory
             ds = load_hub_dataset(d.hf_name, d.hf_config, d.hf_split, streaming=d.streaming,
-                                  columns={d.text_column: "data.text_column"})
+                                  columns={d.text_column: "data.text_column"}, local="data.source: text with data.path")
             self.tokenizer = self._source_tokenizer() or build_tokenizer(self.tok_cfg, train_documents(ds, d))
             path = None if self.run_dir is None else self.files.path(TOKENS_FILE)
             tokens, num_chars = tokenise_documents(ds, self.tokenizer, d, path)

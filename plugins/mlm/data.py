@@ -105,7 +105,8 @@ def read_texts(d: DataConfig) -> dict[str, list[str]]:
     if d.source == "synthetic":
         texts = [t for t, _ in synthetic_rows(d.num_sentences, d.seed)]
     elif d.source == "hf":
-        ds = load_hub_dataset(d.hf_name, d.hf_config, d.hf_split, columns={d.text_column: "data.text_column"})
+        ds = load_hub_dataset(d.hf_name, d.hf_config, d.hf_split, columns={d.text_column: "data.text_column"},
+                              local="data.source: text with data.path")
         texts = [t for batch in iter_column(ds, d.text_column) for t in batch]
     else:
         texts = _read_files(d)

@@ -204,11 +204,35 @@ def test_hub_failures_are_one_line_naming_the_dataset(monkeypatch, error, expect
     def load_dataset(*args, **kwargs):
         raise error
 
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    config = types.SimpleNamespace(HF_HUB_OFFLINE=False, HF_DATASETS_OFFLINE=False)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset, config=config))
     with pytest.raises(TkError) as e:
         load_hub_dataset("glue", "x", split="dev")
     msg = one_line(e)
     assert msg.startswith("data.hf_name: cannot load 'glue' (config 'x', split 'dev')") and expect in msg, msg
+
+
+def test_an_unreachable_hub_loads_offline_at_once_and_names_the_tasks_local_source(monkeypatch):
+    """No connection: datasets runs in offline mode (a cached dataset loads; another fails with no
+    retries), and the error names the local source the task accepts (issue #35 item 6)."""
+    import huggingface_hub.constants as hub
+
+    from tk.core.text import hub as hub_loader
+
+    seen = []
+
+    def load_dataset(*args, **kwargs):
+        seen.append((hub.HF_HUB_OFFLINE, config.HF_HUB_OFFLINE, config.HF_DATASETS_OFFLINE))
+        raise ConnectionError("Couldn't reach 'glue' on the Hub (OfflineModeIsEnabled)")
+
+    config = types.SimpleNamespace(HF_HUB_OFFLINE=False, HF_DATASETS_OFFLINE=False)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset, config=config))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_loader, "_reachable", lambda endpoint, timeout=3.0: False)
+    with pytest.raises(TkError) as e:
+        load_hub_dataset("glue", "sst2", local="data.source: text with data.path")
+    assert seen == [(True, True, True)] and not hub.HF_HUB_OFFLINE and not config.HF_HUB_OFFLINE  # restored
+    assert "no network" in one_line(e) and one_line(e).endswith("use local files (data.source: text with data.path)")
 
 
 def test_hub_loads_local_files_and_saved_folders(tmp_path, monkeypatch):

@@ -113,18 +113,18 @@ def test_teacher_with_other_class_names_fails(tmp_path):
 
 def test_a_teacher_typo_or_missing_run_fails_before_training(tmp_path):
     """A bare teacher name that is no timm model fails `tk validate`; a teacher path that does
-    not exist (a run still to train is fine to validate) fails `tk run` before any update."""
+    not exist fails `tk validate` and `tk run` with the same line (issue #35 item 5), before the run dir."""
     result = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", "distill.teacher=resnet18x",
                                       "model.distilled=true"])
     assert result.exit_code == 2, result.output
     assert "distill.teacher" in result.output and "resnet18x" in result.output and "resnet18" in result.output
     missing = tmp_path / "runs" / "no_teacher"
-    ok = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", f"distill.teacher={missing}"])
-    assert ok.exit_code == 0, ok.output
+    refused = CliRunner().invoke(cli, ["validate", "quickstart", "distill.type=hard", f"distill.teacher={missing}"])
+    assert refused.exit_code == 2 and f"{missing} does not exist" in refused.stderr, refused.output
     run = CliRunner().invoke(cli, ["run", "quickstart", "distill.type=hard", f"distill.teacher={missing}",
                                    f"output_dir={tmp_path / 'out'}", *TINY])
-    assert run.exit_code != 0 and str(missing) in run.output + (run.stderr or "")
-    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+    assert run.exit_code == 2 and run.stderr == refused.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_teacher_gets_no_grad():
