@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 import socket
-from contextlib import contextmanager
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
