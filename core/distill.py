@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import Tensor, nn
 
 from tk.core.errors import TkError
@@ -80,6 +81,14 @@ def teacher_run_problem(teacher: str, task_name: str) -> str | None:
     if not is_run_path(path):
         return (f"distill.teacher: {teacher} is not a tk run dir (no config.yaml) nor a file in its "
                 f"checkpoints/; give the output_dir of a finished {task_name} run")
+    run_dir = path if path.is_dir() else path.parent.parent
+    try:
+        task = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("task")
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return None  # loading the run says what is wrong with it
+    if isinstance(task, str) and task != task_name:
+        return (f"distill.teacher: {run_dir} is a {task} run; a {task_name} student needs a {task_name} teacher "
+                f"over the same classes")
     return None
 
 

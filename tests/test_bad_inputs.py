@@ -451,6 +451,186 @@ CASES.update({
 })
 
 
+def corrupt_best(d: Path, _mp) -> None:
+    _corrupt(d / "run" / "checkpoints" / "best.pt")
+
+
+def corrupt_step(d: Path, _mp) -> None:
+    _corrupt(d / "run" / "checkpoints" / "step_00000008.pt")
+
+
+def cut_weights(suffix: str, keep: float = 0.5) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """``d/cut<suffix>``: a weights file cut to ``keep`` of its bytes."""
+    def setup(d: Path, _mp) -> None:
+        from safetensors.torch import save_file
+
+        state = {"w": torch.randn(64, 64)}
+        whole = d / f"whole{suffix}"
+        save_file(state, whole) if suffix == ".safetensors" else torch.save(state, whole)
+        data = whole.read_bytes()
+        (d / f"cut{suffix}").write_bytes(data[: int(len(data) * keep)])
+        whole.unlink()
+    return setup
+
+
+def torch_writer_fails_on_full_disk(_d: Path, mp: pytest.MonkeyPatch) -> None:
+    """torch.save on a full disk: its zip writer's RuntimeError (inline_container.cc), not an OSError."""
+    import tk.core.run.atomic as atomic
+    import tk.core.run.checkpoint as ckpt
+
+    real, calls = ckpt.torch.save, []
+
+    def save(obj, f, *a, **k):
+        calls.append(1)
+        if len(calls) >= 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 564992 vs 564880")
+        return real(obj, f, *a, **k)
+
+    mp.setattr(ckpt.torch, "save", save)
+    mp.setattr(atomic.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+
+
+def refuse_writes(code: int) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """Creating a file next to a command's output fails with ``code`` (EACCES as a non-root user
+    would see in a folder not theirs; root ignores permissions, so the refusal is simulated)."""
+    def setup(_d: Path, mp: pytest.MonkeyPatch) -> None:
+        import tk.core.run.atomic as atomic
+
+        def mkstemp(*a, **k):
+            raise OSError(code, os.strerror(code))
+
+        mp.setattr(atomic.tempfile, "mkstemp", mkstemp)
+    return setup
+
+
+def hub_unreachable(_d: Path, mp: pytest.MonkeyPatch) -> None:
+    import tk.core.text.hub as hub
+
+    mp.setattr(hub, "_reachable", lambda endpoint, timeout=3.0: False)
+
+
+def write(name: str, data: bytes) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def setup(d: Path, _mp) -> None:
+        (d / name).write_bytes(data)
+    return setup
+
+
+def parallel(src: int, tgt: int) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def setup(d: Path, _mp) -> None:
+        for name, n in (("tr.en", src), ("tr.de", tgt), ("va.en", 2), ("va.de", 2)):
+            (d / name).write_text("".join(f"a small house {i}\n" for i in range(n)))
+    return setup
+
+
+TEXTCLS_FILES = ["run", "textcls_synthetic", "data.source=files", "data.train_file={d}/tr.tsv",
+                 "data.val_file={d}/va.tsv", "train.max_steps=1", "output_dir={d}/new"]
+LONG_LINE = ("word " * 400 + "\n").encode()
+# issue #35: text I/O (item 2), checks shared by validate and run (item 5), raw exceptions (item 6)
+CASES.update({
+    "damaged/eval, best.pt truncated": C(["eval", "{run}"], 2, "the file is truncated or damaged",
+                                        ["intact checkpoints beside it: last.pt"], setup=corrupt_best),
+    "damaged/export, best.pt truncated": C(["export", "{run}", "--format", "safetensors", "-o", "{d}/o.safetensors"],
+                                          2, "best.pt': the file is truncated or damaged", ["last.pt"],
+                                          setup=corrupt_best),
+    "damaged/average, a step truncated": C(["average", "{run}", "--last", "2", "-o", "{d}/a.safetensors"], 2,
+                                           "step_00000008.pt': the file is truncated or damaged", setup=corrupt_step),
+    "damaged/pretrained safetensors truncated": C(["validate", "quickstart",
+                                                   "model.pretrained_from={d}/cut.safetensors"], 2,
+                                                  "model.pretrained_from: cannot read", ["truncated or damaged"],
+                                                  setup=cut_weights(".safetensors")),
+    "damaged/pretrained .pth truncated": C(["validate", "quickstart", "model.pretrained_from={d}/cut.pth"], 2,
+                                           "model.pretrained_from: cannot read", ["truncated or damaged"],
+                                           setup=cut_weights(".pth")),
+    "damaged/pretrained safetensors header only": C(["validate", "quickstart",
+                                                     "model.pretrained_from={d}/cut.safetensors"], 2,
+                                                    "truncated or damaged", setup=cut_weights(".safetensors", 0.02)),
+    "damaged/run refuses a truncated pretrained file first": C(
+        ["run", "quickstart", "model.pretrained_from={d}/cut.safetensors", "output_dir={d}/new"], 2,
+        "model.pretrained_from: cannot read", setup=cut_weights(".safetensors")),
+    "missing/eval run": C(["eval", "{d}/nope"], 2, "nope does not exist"),
+    "missing/export run": C(["export", "{d}/nope", "--format", "safetensors", "-o", "{d}/o.safetensors"], 2,
+                            "nope does not exist"),
+    "missing/predict run": C(["predict", "{d}/nope", "x"], 2, "nope does not exist"),
+    "missing/average run": C(["average", "{d}/nope", "-o", "{d}/a.safetensors"], 2, "nope does not exist"),
+    "resume/another task's checkpoint": C(["run", "{toy}", "output_dir={run}", "--resume-from",
+                                           "{image_run}/checkpoints/last.pt"], 2,
+                                          "is a checkpoint of task image_classification, not toy",
+                                          ["its own recipe"], unchanged=False),
+    "run/disk full in torch's writer": C(["run", "{toy}", "output_dir={d}/new", "train.save_every=2",
+                                          "train.eval_every=8"], 1, "No space left on device",
+                                         ["(step 2) is intact", "--resume"], unchanged=False,
+                                         setup=torch_writer_fails_on_full_disk),
+    "output/average, permission denied": C(["average", "{run}", "--last", "1", "-o", "{d}/a.safetensors"], 2,
+                                           "a.safetensors: Permission denied; choose a path you may write",
+                                           setup=refuse_writes(errno.EACCES)),
+    "output/plot, permission denied": C(["plot", "{run}", "-o", "{d}/c.png"], 2, "c.png: Permission denied",
+                                        setup=refuse_writes(errno.EACCES)),
+    "output/plot, read-only disk": C(["plot", "{run}", "-o", "{d}/c.png"], 2, "Read-only file system",
+                                     ["writable disk"], setup=refuse_writes(errno.EROFS)),
+    "output/average, disk full": C(["average", "{run}", "--last", "1", "-o", "{d}/a.safetensors"], 1,
+                                   "No space left on device", ["free disk space"], setup=refuse_writes(errno.ENOSPC)),
+    "hub/text classification offline": C(["run", "textcls_synthetic", "data.source=hf", "data.hf_name=nobody/none",
+                                          "output_dir={d}/new"], 2, "no network", ["(data.source: files)"],
+                                         setup=hub_unreachable),
+    "hub/language model offline": C(["run", "lm_synthetic", "data.source=hf", "data.hf_name=nobody/none",
+                                     "output_dir={d}/new"], 2, "no network", ["(data.source: text with data.path)"],
+                                    setup=hub_unreachable),
+    "hub/mlm offline": C(["run", "mlm_synthetic", "data.source=hf", "data.hf_name=nobody/none",
+                          "output_dir={d}/new"], 2, "no network", ["data.source: text"], setup=hub_unreachable),
+    "hub/translation offline": C(["run", "translation_synthetic", "data.source=hf", "data.hf_name=nobody/none",
+                                  "output_dir={d}/new"], 2, "no network", ["data.source: files"],
+                                 setup=hub_unreachable),
+    "validate/best_metric typo": C(["validate", "{toy}", "train.best_metric=val/top"], 2,
+                                   "did you mean 'val/top1'?"),
+    "validate/best_metric of EMA off": C(["validate", "{toy}", "train.best_metric=val_ema/top1"], 2,
+                                         "'val_ema/top1' is not an evaluation result"),
+    "validate/text teacher missing": C(["validate", "textcls_synthetic", "distill.type=soft",
+                                        "distill.teacher={d}/none"], 2, "distill.teacher:", ["does not exist"]),
+    "validate/image teacher not a run": C(["validate", "quickstart", "distill.type=soft", "distill.teacher={d}/plain"],
+                                          2, "is not a tk run dir"),
+    "validate/timm teacher file missing": C(["validate", "quickstart", "distill.type=soft",
+                                             "distill.teacher=vit_tiny_patch16_224",
+                                             "distill.teacher_file={d}/none.safetensors"], 2,
+                                            "distill.teacher_file:", ["does not exist"]),
+    "validate/text teacher of another task": C(["validate", "textcls_synthetic", "distill.type=soft",
+                                                "distill.teacher={image_run}"], 2, "image_classification"),
+    "translate/a line too long": C(["translate", "{translation_run}", "{d}/long.txt"], 2, "long.txt line 2: ",
+                                   ["more than the 127 this model takes", "--truncate"], setup=write("long.txt", b"a small house\n" + LONG_LINE)),
+    "translate/binary file": C(["translate", "{translation_run}", "{d}/x.bin"], 2, "x.bin line 1: not valid UTF-8",
+                               setup=write("x.bin", b"\x89PNG\r\n\x1a\n\x00\xff\xfe")),
+    "translate/latin-1 on line 3": C(["translate", "{translation_run}", "{d}/l.txt"], 2, "l.txt line 3: not valid UTF-8",
+                                     setup=write("l.txt", "a house\na dog\nun \xe9t\xe9\n".encode("latin-1"))),
+    "translate/batch size -1": C(["translate", "{translation_run}", "-", "--batch-size", "-1"], 2, "--batch-size"),
+    "translate/beam 0": C(["translate", "{translation_run}", "-", "--beam", "0"], 2, "--beam"),
+    "translate/missing input": C(["translate", "{translation_run}", "{d}/none.txt"], 2, "none.txt"),
+    "predict text/empty text": C(["predict", "{textcls_run}", " "], 1, "1 of 1 inputs failed"),
+    "predict text/longer than max_len": C(["predict", "{textcls_run}", "good " * 100], 1, "1 of 1 inputs failed"),
+    "predict text/binary input file": C(["predict", "{textcls_run}", "--input-file", "{d}/x.bin"], 2,
+                                        "x.bin line 1: not valid UTF-8",
+                                        setup=write("x.bin", b"\x89PNG\r\n\x1a\n\x00\xff\xfe")),
+    "predict text/option typo": C(["predict", "{textcls_run}", "good", "predict.truncat=true"], 2,
+                                  "did you mean 'truncate'"),
+    "generate/characters the model never saw": C(["generate", "{lm_run}", "--prompt", "\u2603\u2603"], 2,
+                                                 "\u2603"),
+    "generate/zero new tokens": C(["generate", "{lm_run}", "--prompt", "a", "--max-new-tokens", "0"], 2,
+                                  "--max-new-tokens"),
+    "data/empty training file": C(TEXTCLS_FILES, 2, "tr.tsv", setup=write("tr.tsv", b"")),
+    "data/missing training file": C(TEXTCLS_FILES, 2, "tr.tsv does not exist"),
+    "data/translation files misaligned": C(["run", "translation_synthetic", "data.source=files",
+                                            "data.train_prefix={d}/tr", "data.val_prefix={d}/va",
+                                            "output_dir={d}/new"], 2, "misaligned parallel files",
+                                           setup=parallel(5, 4)),
+    "data/language model corpus empty": C(["run", "lm_synthetic", "data.source=text", "data.path={d}/empty.txt",
+                                           "output_dir={d}/new"], 2, "empty.txt", setup=write("empty.txt", b"")),
+    "tokenizer/vocabulary of 0": C(["validate", "textcls_synthetic", "tokenizer.vocab_size=0"], 2,
+                                   "tokenizer.vocab_size (0) must be >= 1"),
+    "tokenizer/unknown kind": C(["validate", "textcls_synthetic", "tokenizer.kind=sentencepiece"], 2,
+                                "tokenizer.kind"),
+    "tokenizer/missing file": C(["run", "textcls_synthetic", "tokenizer.path={d}/none.json", "output_dir={d}/new"],
+                                2, "none.json"),
+})
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """A site dir with the toy, faulty and broken plugins, and a finished toy run."""
@@ -469,7 +649,18 @@ def world(tmp_path_factory) -> dict[str, Path]:
                    "train.max_steps=1", "train.batch_size=4", "train.eval_batch_size=4", "train.progress=false"]
     result = CliRunner().invoke(cli, ["run", "quickstart", f"output_dir={root / 'image_run'}", *tiny_images])
     assert result.exit_code == 0, result.output
-    yield {"root": root, "site": site, "run": root / "run", "image_run": root / "image_run"}
+    text_runs = {  # tiny finished runs of the text tasks (issue #35 item 2 cases)
+        "textcls_run": ["textcls_synthetic", "data.num_train=64", "data.num_val=16", "tokenizer.vocab_size=80"],
+        "translation_run": ["translation_synthetic", "data.num_train=64", "data.num_val=8", "model.dim=16",
+                            "model.depth=1", "model.num_heads=2", "tokenizer.vocab_size=300"],
+        "lm_run": ["lm_synthetic", "tokenizer.kind=char", "model.dim=16", "model.depth=1", "model.num_heads=2"],
+    }
+    for name, args in text_runs.items():
+        result = CliRunner().invoke(cli, ["run", *args, "train.max_steps=1", "train.progress=false",
+                                          f"output_dir={root / name}"])
+        assert result.exit_code == 0, result.output
+    yield {"root": root, "site": site, "run": root / "run", "image_run": root / "image_run",
+           **{name: root / name for name in text_runs}}
     sys.path.remove(str(site))
 
 
@@ -493,7 +684,8 @@ def make_case_dir(world: dict[str, Path], d: Path) -> dict[str, str]:
         path = d / "recipes" / f"{name}.yaml"
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return {"d": str(d), "toy": str(d / "toy.yaml"), "faulty": str(d / "faulty.yaml"), "run": str(d / "run"),
-            "foreign": str(d / "foreign"), "image_run": str(world["image_run"])}
+            "foreign": str(d / "foreign"), "image_run": str(world["image_run"]),
+            **{name: str(world[name]) for name in ("textcls_run", "translation_run", "lm_run")}}
 
 
 def expand(arg: str, places: dict[str, str]) -> str:
@@ -611,3 +803,13 @@ def test_validate_refuses_what_run_refuses_with_the_same_line(name, tmp_path):
     assert validate.stderr.startswith("error: ") and validate.stderr.count("\n") == 1, validate.stderr
     assert run.stderr == validate.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_translate_truncate_translates_every_line_and_says_how_many_were_cut(world, tmp_path):
+    """`tk translate --truncate`: the long line's first tokens are translated, one notice on stderr."""
+    (tmp_path / "long.txt").write_bytes(b"a small house\n" + LONG_LINE)
+    result = CliRunner().invoke(cli, ["translate", str(world["translation_run"]), str(tmp_path / "long.txt"),
+                                      "--truncate"])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 2
+    assert result.stderr == f"note: 1 line(s) of {tmp_path / 'long.txt'} cut to the first 127 tokens (--truncate)\n"

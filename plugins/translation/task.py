@@ -239,10 +239,33 @@ class TranslationTask(Task):
         out = generate(model, src, self.generation_config(src.shape[1], beam_size))
         return self.tgt_tok.decode_batch(out.tokens.tolist())
 
+    def _source_texts(self, lines: Sequence[str]) -> list[str]:
+        return [line.strip().lower() if self.tok_cfg.lowercase else line.strip() for line in lines]
+
+    def too_long(self, lines: Sequence[str]) -> list[tuple[int, int]]:
+        """``(index, tokens)`` of each line with more tokens than the model takes (``model.max_len``
+        less one for EOS)."""
+        ids = self.src_tok.encode_batch(self._source_texts(lines), add_special_tokens=False).ids
+        return [(i, len(s)) for i, s in enumerate(ids) if len(s) > self.model_cfg.max_len - 1]
+
+    def too_long_message(self, tokens: int) -> str:
+        limit = self.model_cfg.max_len - 1
+        return (f"{tokens} tokens, more than the {limit} this model takes (model.max_len {self.model_cfg.max_len}, "
+                f"one for EOS); split the line, or pass --truncate to translate its first {limit} tokens")
+
     @torch.no_grad()
-    def translate(self, model: nn.Module, lines: Sequence[str], beam_size: int | None = None) -> list[str]:
-        """Translate raw source lines (an empty line gives an empty translation)."""
-        texts = [line.strip().lower() if self.tok_cfg.lowercase else line.strip() for line in lines]
+    def translate(self, model: nn.Module, lines: Sequence[str], beam_size: int | None = None,
+                  truncate: bool = False) -> list[str]:
+        """Translate raw source lines (an empty line gives an empty translation).
+
+        Raises:
+            TkError: a line has more tokens than the model takes, unless ``truncate`` (its first
+                tokens are translated).
+        """
+        long = [] if truncate else self.too_long(lines)
+        if long:
+            raise TkError(self.too_long_message(long[0][1]))
+        texts = self._source_texts(lines)
         keep = [i for i, t in enumerate(texts) if t]
         results = [""] * len(texts)
         if not keep:
