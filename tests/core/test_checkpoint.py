@@ -47,8 +47,21 @@ def test_load_errors(tmp_path):
         C.load_checkpoint(tmp_path / "junk.pt")
     C.save_checkpoint(tmp_path / "cut.pt", {"w": torch.zeros(100)})
     (tmp_path / "cut.pt").write_bytes((tmp_path / "cut.pt").read_bytes()[:300])
-    with pytest.raises(C.CheckpointReadError, match="cannot read checkpoint .*damaged, truncated"):
+    with pytest.raises(C.CheckpointReadError, match="cannot read checkpoint .*: the file is truncated or damaged") as e:
         C.load_checkpoint(tmp_path / "cut.pt")
+    assert "miniz" not in str(e.value) and "\n" not in str(e.value)  # not torch's paragraph
+
+
+def test_a_damaged_checkpoint_names_the_intact_ones_beside_it(tmp_path):
+    folder = tmp_path / "checkpoints"
+    for name in ("last.pt", "best.pt", "step_00000002.pt", "step_00000004.pt"):
+        C.save_checkpoint(folder / name, {"w": torch.zeros(10)})
+    (folder / "best.pt").write_bytes((folder / "best.pt").read_bytes()[:200])
+    (folder / "step_00000002.pt").write_bytes(b"PK")
+    with pytest.raises(C.CheckpointReadError) as e:
+        C.load_checkpoint(folder / "best.pt")
+    assert str(e.value).endswith("; intact checkpoints beside it: last.pt, step_00000004.pt; use one of them instead")
+    assert "intact" not in e.value.problem
 
 
 def test_crash_during_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
