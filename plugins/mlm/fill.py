@@ -46,10 +46,22 @@ def fill_masks(model: nn.Module, tokenizer: TextTokenizer, text: str, max_len: i
     positions = tokens.eq(mask_id)
     probs = model(tokens, None, positions).float().softmax(-1)  # (M, V)
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-    filled = list(ids)
-    for pos, best in zip(where, top.indices[:, 0].tolist()):
-        filled[pos] = best
     masks = [{"tokens": [tokenizer.decode([i], skip_special_tokens=False) for i in idx],
               "probs": [round(p, 4) for p in ps]}
              for idx, ps in zip(top.indices.tolist(), top.values.tolist())]
-    return {"filled": tokenizer.decode(filled), "masks": masks}
+    filled = fill_text(text, [m["tokens"][0] for m in masks])
+    if filled is None:  # not one [MASK] string per masked position: the tokenizer's own decoding
+        best = dict(zip(where, top.indices[:, 0].tolist()))
+        filled = tokenizer.decode([best.get(i, t) for i, t in enumerate(ids)])
+    return {"filled": filled, "masks": masks}
+
+
+def fill_text(text: str, tokens: list[str]) -> str | None:
+    """``text`` with its ``[MASK]``s replaced by ``tokens`` in order; everything else as the user
+    wrote it (case, unknown words, spacing). A word piece (``##ing``) joins without its mark.
+    None when the text does not hold one ``[MASK]`` per token."""
+    parts = text.split(MASK)
+    if len(parts) != len(tokens) + 1:
+        return None
+    pieces = [t[2:] if t.startswith("##") else t for t in tokens]
+    return parts[0] + "".join(p + rest for p, rest in zip(pieces, parts[1:]))

@@ -225,3 +225,19 @@ def test_text_classification_reuses_the_mlm_tokenizer(tmp_path):
     cls.setup()
     text = "the movie was not bad"
     assert cls.encode([text], None).ids[0] == mlm.tokenizer.encode(text)  # [CLS] ... [SEP], the same ids
+
+
+def test_filled_keeps_the_users_text_outside_the_masks():
+    """Issue #35 item 2: case, unknown words and spacing stay as written; a ## piece joins."""
+    from tk.plugins.mlm.fill import fill_text
+
+    assert fill_text("The Zyxq  [MASK] sat, [MASK]!", ["cat", "##s"]) == "The Zyxq  cat sat, s!"
+    assert fill_text("[MASK]", ["Hello"]) == "Hello"
+    assert fill_text("no mask", ["x"]) is None  # not one [MASK] per token: the caller decodes instead
+
+
+@pytest.mark.slow
+def test_predict_keeps_case_and_unknown_words(trained_run):
+    task, model = load_run(trained_run)
+    out = task.predict(model, ["W3 qqqq-unknown [MASK] w6"])[0]
+    assert out["filled"] == f"W3 qqqq-unknown {out['masks'][0]['tokens'][0].removeprefix('##')} w6"
