@@ -20,6 +20,7 @@ from torch import nn
 from tk.core.engine.inference import SourceRun, adopt_shape, open_source
 from tk.core.errors import TkError
 from tk.core.exchange.export import read_weights as read_weights_file
+from tk.core.exchange.export import weights_file_problem
 from tk.core.nn.vit import VisionTransformer, load_timm_vit
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,12 @@ def source_kind(spec: str | None) -> str | None:
     if path.is_file() or path.suffix in WEIGHT_SUFFIXES or "/" in spec:
         return "file"
     return "name"
+
+
+def weights_problems(spec: str | None) -> list[str]:
+    """A ``model.pretrained_from`` weights file that cannot be read (missing, truncated), found cheaply."""
+    problem = weights_file_problem(spec, "model.pretrained_from") if source_kind(spec) == "file" else None
+    return [problem] if problem else []
 
 
 # model.* keys a tk ViT run's config.yaml sets for a run started from it

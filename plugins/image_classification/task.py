@@ -17,7 +17,6 @@ from tk.core.config import did_you_mean
 from tk.core.distill import check_same_teacher
 from tk.core.engine.inference import SourceRun, read_record, write_record
 from tk.core.errors import TkError
-from tk.core.exchange.export import weights_file_problem
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Accuracy, Metric
 from tk.core.optim import OptimConfig, param_groups
@@ -42,6 +41,7 @@ from tk.plugins.image_classification.pretrained import (
     open_vit_run,
     source_kind,
     vit_layer_id_fn,
+    weights_problems,
 )
 from tk.plugins.image_classification.samples import SampleGrid
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
@@ -111,10 +111,7 @@ class ImageClassificationTask(Task):
                 opened[0].weights()
         except TkError as e:
             return [str(e)]
-        spec = cfg.sections["model"].pretrained_from
-        if source_kind(spec) == "file" and (problem := weights_file_problem(spec, "model.pretrained_from")):
-            return [problem]
-        return teacher_problems(cfg.sections.get("distill") or DistillConfig(), cls.name)
+        return weights_problems(cfg.sections["model"].pretrained_from) or teacher_problems(cfg.sections.get("distill") or DistillConfig(), cls.name)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
