@@ -57,6 +57,7 @@ setup(
         "tqdm>=4.60",
         "numpy>=1.24",
         "matplotlib>=3.7",
+        "webdataset>=0.2",  # image_classification data.source: webdataset (its tar shard format; braceexpand)
     ],
     extras_require={
         "test": ["pytest>=7.4", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",

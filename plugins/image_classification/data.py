@@ -1,4 +1,5 @@
-"""Image datasets of the plugin: synthetic shapes, CIFAR-10/100 and image folders.
+"""Image datasets of the plugin: synthetic shapes, CIFAR-10/100, image folders, ``datasets``
+datasets and WebDataset shards (:mod:`.sources`); the ``data:`` section and its checks.
 
 Every dataset yields ``{"image": (3, H, W) float tensor, "labels": int}`` items.
 """
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
 
 from PIL import Image
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -15,6 +17,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets
 
 from tk.core.errors import TkError
+from tk.plugins.image_classification.sources import HubImages, TarShards, expand_shards
 from tk.plugins.image_classification.synthetic import SyntheticShapes
 
 log = logging.getLogger(__name__)
@@ -25,8 +28,76 @@ MEAN_STD: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "imagefolder": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+    "hf": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+    "webdataset": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
 }
+HF_SPLIT = {"train": "train", "val": "validation", "test": "test"}  # tk split -> the usual hub split names
+SPLITS = ("train", "val", "test")
 _CIFAR = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
+
+
+@dataclass
+class DataConfig:
+    """The recipe's ``data:`` section."""
+
+    source: Literal["synthetic", "cifar10", "cifar100", "imagefolder", "hf", "webdataset"] = "synthetic"  # which dataset
+    root: str = "~/.cache/tk/data"  # dataset folder (cifar: download target; imagefolder: has train/ val/)
+    download: bool = True  # cifar: download into `root` when missing
+    img_size: int = 32  # model input side in pixels (images are resized/cropped to it)
+    num_train: int = 5000  # synthetic: training images (generated on the fly)
+    num_val: int = 1000  # synthetic: validation images
+    seed: int = 0  # synthetic: seed of the image set (independent of train.seed)
+    crop: Literal["pad", "rrc", "none"] = "pad"  # train crop: pad+random crop, RandomResizedCrop, centre
+    crop_padding: int = 4  # "pad" crop: pixels of zero padding on each side
+    rrc_scale_min: float = 0.08  # "rrc" crop: smallest crop area, as a fraction of the image
+    crop_pct: float | None = None  # eval: resize to img_size / crop_pct, centre-crop img_size; null: timm's pretrained cfg when fine-tuning with crop rrc, else 1
+    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None  # resize filter; null: timm's pretrained cfg when fine-tuning, else bilinear
+    hflip: float = 0.5  # probability of a horizontal flip (train)
+    auto_augment: str | None = None  # timm policy, e.g. "rand-m9-mstd0.5" (RandAugment); null = off
+    re_prob: float = 0.0  # random-erasing probability per training image
+    on_bad_image: Literal["skip", "error"] = "error"  # imagefolder: unreadable file -> skip (warn) or fail
+    mean: list[float] | None = None  # input normalisation; null: timm's pretrained cfg when fine-tuning, else the source's
+    std: list[float] | None = None  # (same, for the standard deviation)
+    hf_name: str | None = None  # hf: a datasets hub id (e.g. "ethz/food101"), a save_to_disk folder, or a builder ("parquet", "imagefolder") with hf_data_files
+    hf_config: str | None = None  # hf: the dataset's config; null = its default
+    hf_split: dict[str, str] = field(default_factory=lambda: dict(HF_SPLIT))  # hf: tk split -> dataset split
+    hf_data_files: dict[str, Any] | None = None  # hf: dataset split -> local file(s) for a builder, e.g. {train: train.parquet}
+    image_column: str = "image"  # hf: the column holding the images (a datasets Image feature)
+    label_column: str = "label"  # hf: the column holding the integer labels (a ClassLabel gives the class names)
+    shards: dict[str, Any] | None = None  # webdataset: tk split -> local .tar shards, a brace pattern or a list, e.g. {train: "d/train-{0000..0009}.tar"}
+    class_names: list[str] | None = None  # hf/webdataset: the label names in order; null: the ClassLabel's names (hf) or "0", "1", ... (webdataset)
+
+
+def check_data(data: DataConfig) -> list[str]:
+    """Range and cross-key checks of the ``data:`` section, one message per problem."""
+    problems = []
+    if data.source == "synthetic" and min(data.num_train, data.num_val) < 1:
+        problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
+    for key in ("mean", "std"):
+        if getattr(data, key) is not None and len(getattr(data, key)) != 3:
+            problems.append(f"data.{key} ({getattr(data, key)}) must have 3 values (R, G, B)")
+    if data.img_size < 1:
+        problems.append(f"data.img_size ({data.img_size}) must be >= 1")
+    if data.crop_pct is not None and not 0.0 < data.crop_pct <= 1.0:
+        problems.append(f"data.crop_pct ({data.crop_pct}) must be in (0, 1]")
+    if not 0.0 < data.rrc_scale_min <= 1.0:
+        problems.append(f"data.rrc_scale_min ({data.rrc_scale_min}) must be in (0, 1]")
+    for key in ("hflip", "re_prob"):
+        if not 0.0 <= getattr(data, key) <= 1.0:
+            problems.append(f"data.{key} ({getattr(data, key)}) must be in [0, 1]")
+    if data.source == "hf" and not data.hf_name:
+        problems.append("data.hf_name: data.source hf needs a dataset: a hub id (e.g. ethz/food101), a save_to_disk "
+                        "folder, or a builder (parquet, imagefolder) with data.hf_data_files")
+    for key, mapping in (("hf_split", data.hf_split), ("shards", data.shards or {})):
+        if set(mapping) - set(SPLITS):
+            problems.append(f"data.{key}: keys {sorted(set(mapping) - set(SPLITS))} are not tk splits; use "
+                            f"{', '.join(SPLITS)}")
+    if data.source == "webdataset" and not {"train", "val"} <= set(data.shards or {}):
+        problems.append("data.shards: data.source webdataset needs the train and val shards, e.g. "
+                        "{train: d/train-{0000..0009}.tar, val: d/val-0000.tar}")
+    if data.class_names is not None and len(set(data.class_names)) != len(data.class_names):
+        problems.append(f"data.class_names: names repeat ({data.class_names[:10]}); give each label its own name")
+    return problems
 
 
 class DictDataset(Dataset):
@@ -160,6 +231,17 @@ def build_source_dataset(cfg: Any, split: str, transform: Callable | None) -> Da
         if split != "train":  # read at evaluation only: check it before training starts
             dataset.verify()
         return dataset
+    if cfg.source == "hf":
+        if split not in cfg.hf_split:
+            raise TkError(f"data.hf_split: no dataset split for tk's {split!r} split ({cfg.hf_split}); add "
+                          f"{split}: <split name>")
+        return HubImages(cfg.hf_name, cfg.hf_config, cfg.hf_split[split], cfg.image_column, cfg.label_column,
+                         cfg.hf_data_files, cfg.class_names, transform)
+    if cfg.source == "webdataset":
+        if split not in (cfg.shards or {}):
+            raise TkError(f"data.shards: no shards for the {split!r} split; add {split}: <shards>")
+        return TarShards(expand_shards(cfg.shards[split], f"data.shards.{split}"), f"data.shards.{split}",
+                         cfg.class_names, transform)
     raise TkError(f"data.source {cfg.source!r} must be one of {sorted(MEAN_STD)}")
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import timm
 import torch
@@ -22,7 +21,14 @@ from tk.core.metrics import Accuracy, Metric
 from tk.core.optim import OptimConfig, param_groups
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
-from tk.plugins.image_classification.data import MEAN_STD, DictDataset, build_source_dataset, check_not_empty
+from tk.plugins.image_classification.data import (
+    MEAN_STD,
+    DataConfig,
+    DictDataset,
+    build_source_dataset,
+    check_data,
+    check_not_empty,
+)
 from tk.plugins.image_classification.distill import (
     DistillConfig,
     check_distill,
@@ -56,30 +62,6 @@ NORMALIZE_FILE = "normalize.json"  # task file: the data config (mean, std, inte
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
-@dataclass
-class DataConfig:
-    """The recipe's ``data:`` section."""
-
-    source: Literal["synthetic", "cifar10", "cifar100", "imagefolder"] = "synthetic"  # which dataset
-    root: str = "~/.cache/tk/data"  # dataset folder (cifar: download target; imagefolder: has train/ val/)
-    download: bool = True  # cifar: download into `root` when missing
-    img_size: int = 32  # model input side in pixels (images are resized/cropped to it)
-    num_train: int = 5000  # synthetic: training images (generated on the fly)
-    num_val: int = 1000  # synthetic: validation images
-    seed: int = 0  # synthetic: seed of the image set (independent of train.seed)
-    crop: Literal["pad", "rrc", "none"] = "pad"  # train crop: pad+random crop, RandomResizedCrop, centre
-    crop_padding: int = 4  # "pad" crop: pixels of zero padding on each side
-    rrc_scale_min: float = 0.08  # "rrc" crop: smallest crop area, as a fraction of the image
-    crop_pct: float | None = None  # eval: resize to img_size / crop_pct, centre-crop img_size; null: timm's pretrained cfg when fine-tuning with crop rrc, else 1
-    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None  # resize filter; null: timm's pretrained cfg when fine-tuning, else bilinear
-    hflip: float = 0.5  # probability of a horizontal flip (train)
-    auto_augment: str | None = None  # timm policy, e.g. "rand-m9-mstd0.5" (RandAugment); null = off
-    re_prob: float = 0.0  # random-erasing probability per training image
-    on_bad_image: Literal["skip", "error"] = "error"  # imagefolder: unreadable file -> skip (warn) or fail
-    mean: list[float] | None = None  # input normalisation; null: timm's pretrained cfg when fine-tuning, else the source's
-    std: list[float] | None = None  # (same, for the standard deviation)
-
-
 class ImageClassificationTask(Task):
     """Image classification: ViT or timm models on synthetic shapes, CIFAR-10/100 or image folders."""
 
@@ -111,7 +93,8 @@ class ImageClassificationTask(Task):
                 opened[0].weights()
         except TkError as e:
             return [str(e)]
-        return weights_problems(cfg.sections["model"].pretrained_from) or teacher_problems(cfg.sections.get("distill") or DistillConfig(), cls.name)
+        distill = cfg.sections.get("distill") or DistillConfig()
+        return weights_problems(cfg.sections["model"].pretrained_from) or teacher_problems(distill, cls.name)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -126,20 +109,7 @@ class ImageClassificationTask(Task):
         policy_problem = check_auto_augment(data.auto_augment)
         if policy_problem:
             problems.append(f"data.auto_augment: {policy_problem}")
-        if data.source == "synthetic" and min(data.num_train, data.num_val) < 1:
-            problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
-        for key in ("mean", "std"):
-            if getattr(data, key) is not None and len(getattr(data, key)) != 3:
-                problems.append(f"data.{key} ({getattr(data, key)}) must have 3 values (R, G, B)")
-        if data.img_size < 1:
-            problems.append(f"data.img_size ({data.img_size}) must be >= 1")
-        if data.crop_pct is not None and not 0.0 < data.crop_pct <= 1.0:
-            problems.append(f"data.crop_pct ({data.crop_pct}) must be in (0, 1]")
-        if not 0.0 < data.rrc_scale_min <= 1.0:
-            problems.append(f"data.rrc_scale_min ({data.rrc_scale_min}) must be in (0, 1]")
-        for key in ("hflip", "re_prob"):
-            if not 0.0 <= getattr(data, key) <= 1.0:
-                problems.append(f"data.{key} ({getattr(data, key)}) must be in [0, 1]")
+        problems += check_data(data)
         return problems
 
     # -- state -----------------------------------------------------------------------
@@ -245,7 +215,10 @@ class ImageClassificationTask(Task):
 
         CIFAR's ``"val"`` is its official test set (CIFAR has no validation split).
         """
-        base = build_source_dataset(self.data, split, self._transform(split == "train"))
+        data = self.data
+        if data.source == "webdataset" and data.class_names is None and split != "train":  # labels 0.. of train
+            data = dataclasses.replace(data, class_names=self.class_names)
+        base = build_source_dataset(data, split, self._transform(split == "train"))
         check_not_empty(base, self.data.source, split)
         classes = getattr(base, "classes", None)
         if classes is not None and self._class_names is not None and list(classes) != self._class_names:
