@@ -30,7 +30,8 @@ def translate(run_dir: str, input_file, beam: int | None, checkpoint: str, avera
         raise TkError(f"{run_dir} is a {task.name!r} run; tk translate needs a translation run")
     size = batch_size or task.decode_cfg.batch_size
     lines = [line for _, line in stream_lines(input_file)]  # UTF-8, or one error naming the line
-    where = "stdin" if input_file.name in ("-", "<stdin>") else input_file.name
+    name = getattr(input_file, "name", "-")
+    where = "stdin" if name in ("-", "<stdin>") else name
     long = task.too_long(lines)  # every line checked before anything is printed
     if long and not truncate:
         raise TkError(f"{where} line {long[0][0] + 1}: {task.too_long_message(long[0][1])}")
