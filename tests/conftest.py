@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("TK_CACHE", tempfile.mkdtemp(prefix="tk-test-cache-"))  # tests never write ~/.cache/tk
 
 TOY_PLUGIN = textwrap.dedent('''
     """A toy task for tk's tests: classify Gaussian blobs with a small MLP."""

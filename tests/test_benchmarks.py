@@ -22,6 +22,7 @@ CASES = {
     "vit_cifar": ["--quick"],
     "lm": ["--quick", "--iters", "4"],
     "translation": ["--quick", "--reps", "1"],
+    "tokenise": ["--quick"],
 }
 
 
@@ -46,6 +47,8 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
         assert result["tokens_equal"] is True
     if name == "lm":  # tk and the bare loop did the same updates (same batches, weights, schedule)
         assert result["same_updates"] is True
+    if name == "tokenise":  # the text cut into pieces encodes to the same ids as the whole string
+        assert result["same_ids"] is True
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True

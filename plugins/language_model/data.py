@@ -34,6 +34,7 @@ class DataConfig:
     streaming: bool = False  # source=hf: read the documents lazily (every pass re-reads them) instead of downloading
     text_column: str = "text"  # source=hf: the column holding the documents
     doc_separator: str = "\n\n"  # source=hf: text appended to every document before they are joined
+    token_cache: bool = True  # source=hf: keep the token file in $TK_CACHE/tokens (default ~/.cache/tk), reused by later runs and continued after a kill
     num_sentences: int = 20000  # synthetic: sentences generated (about 25 characters each)
     seed: int = 0  # synthetic: seed of the corpus (independent of train.seed)
     block_size: int = 64  # context length T in tokens (a training block is T + 1 tokens)
@@ -103,6 +104,16 @@ def train_documents(ds: Any, d: DataConfig) -> Iterator[str]:
             doc = (t + sep)[:left]
             left -= len(doc)
             yield doc
+
+
+def corpus_identity(ds: Any, d: DataConfig) -> dict[str, Any]:
+    """What names the documents of a ``datasets`` corpus in the token cache's key: the name,
+    config, split and column, plus the dataset's fingerprint where it has one (a local folder
+    that changes gets a new key); a streamed hub dataset is named by its id alone."""
+    name = d.hf_name or ""
+    folder = Path(name).expanduser()
+    return {"hf_name": str(folder.resolve()) if folder.exists() else name, "hf_config": d.hf_config,
+            "hf_split": d.hf_split, "text_column": d.text_column, "fingerprint": getattr(ds, "_fingerprint", None)}
 
 
 def tokenise_documents(ds: Any, tokenizer: TextTokenizer, d: DataConfig, path: Path | None

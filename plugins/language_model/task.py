@@ -35,7 +35,7 @@ from tk.core.nn.decoding import GenerationConfig
 from tk.core.nn.generation import generate
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
-from tk.core.text import TextTokenizer, build_tokenizer, load_hub_dataset
+from tk.core.text import TextTokenizer, build_tokenizer, encode_long, iter_column, load_hub_dataset
 from tk.plugins.language_model.corpus import read_corpus, synthetic_text
 from tk.plugins.language_model.data import (
     UNK,
@@ -43,6 +43,7 @@ from tk.plugins.language_model.data import (
     DataConfig,
     TokenizerConfig,
     collate_blocks,
+    corpus_identity,
     decode,
     decode_after,
     empty_corpus,
@@ -55,6 +56,7 @@ from tk.plugins.language_model.data import (
 from tk.plugins.language_model.metrics import LMMetrics
 from tk.plugins.language_model.model import ModelConfig, build_model
 from tk.plugins.language_model.stream import TextStream
+from tk.plugins.language_model.token_store import TokenStore
 
 SAMPLES_DIR = "samples"  # in the run dir: step_N.txt, a few generated continuations per evaluation
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (a tokenizers JSON)
@@ -184,7 +186,15 @@ class LanguageModelTask(Task):
                                   columns={d.text_column: "data.text_column"}, local="data.source: text with data.path")
             self.tokenizer = self._source_tokenizer() or build_tokenizer(self.tok_cfg, train_documents(ds, d))
             path = None if self.run_dir is None else self.files.path(TOKENS_FILE)
-            tokens, num_chars = tokenise_documents(ds, self.tokenizer, d, path)
+            if d.token_cache:  # built once per corpus and tokenizer, continued after a kill
+                store = TokenStore(self.tokenizer, corpus_identity(ds, d), d.doc_separator,
+                                   token_dtype(self.tokenizer.vocab_size))
+                tokens, num_chars, _ = store.build(iter_column(ds, d.text_column))
+                if path is not None:
+                    store.link_into(path)
+                    tokens = np.memmap(path, dtype=tokens.dtype, mode="r")
+            else:
+                tokens, num_chars = tokenise_documents(ds, self.tokenizer, d, path)
             self._save(tokens, num_chars, write_tokens=False)
             return tokens
         text = synthetic_text(d.num_sentences, d.seed) if d.source == "synthetic" else read_corpus(d.path)
@@ -192,7 +202,7 @@ class LanguageModelTask(Task):
             raise empty_corpus(d)
         self.tokenizer = self._source_tokenizer() or build_tokenizer(
             self.tok_cfg, [text[: len(text) - int(len(text) * d.val_fraction)]])
-        tokens = np.asarray(self.tokenizer.encode(text), dtype=token_dtype(self.tokenizer.vocab_size))
+        tokens = np.asarray(encode_long(self.tokenizer, text), dtype=token_dtype(self.tokenizer.vocab_size))
         self._save(tokens, len(text))
         return tokens
 

@@ -8,6 +8,7 @@ import math
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -346,3 +347,16 @@ def test_unigram_canonical_form_orders_tied_characters_and_rounds_scores():
     assert vocab == [["<unk>", 0.0], ["ab", -2.0], ["a", -3.0], ["b", -3.0], ["x", -8.9998], ["y", -8.9999],
                      ["z", -9.0]]
     assert json.loads(one.to_str())["model"]["unk_id"] == 0
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "wordpiece", "unigram"])
+def test_a_long_text_encodes_in_pieces_to_the_same_ids(kind):
+    """encode_long cuts before single-space-led words and batches the pieces (issue #36 item 3)."""
+    from tk.core.text import encode_long
+
+    words = ["the", "cat", "Ünïcode", "naïve", "x1", "--", "ok.", "日本", "a\tb", "\n", "\n\n", "  ", "end"]
+    rng = np.random.default_rng(0)
+    text = " ".join(rng.choice(words, size=6000))
+    tok = TextTokenizer.train([text[:20000]], TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1), ["<unk>"])
+    assert encode_long(tok, text, piece=500) == tok.encode(text)
+    assert encode_long(tok, text[:300], piece=500) == tok.encode(text[:300])
