@@ -23,6 +23,7 @@ CASES = {
     "lm": ["--quick", "--iters", "4"],
     "translation": ["--quick", "--reps", "1"],
     "tokenise": ["--quick"],
+    "packing": ["--quick"],
 }
 
 
@@ -49,6 +50,8 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
         assert result["same_updates"] is True
     if name == "tokenise":  # the text cut into pieces encodes to the same ids as the whole string
         assert result["same_ids"] is True
+    if name == "packing":  # a packed batch gives the padded batch's loss
+        assert result["same_loss"] is True
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True

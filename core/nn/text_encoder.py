@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.layers import build_norm
 from tk.core.nn.masks import padding_mask
+from tk.core.nn.packing import segment_attention_mask, segment_positions
 from tk.core.nn.pos_embed import LearnedPositionalEmbedding, build_positions
 from tk.core.nn.transformer import TransformerEncoder
 
@@ -101,11 +102,14 @@ class TextEncoder(nn.Module):
         return padding_mask(tokens, self.pad_id)
 
     def forward(self, tokens: Tensor, token_types: Tensor | None = None,
-                key_padding_mask: Tensor | None = None) -> Tensor:
+                key_padding_mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """Args:
             tokens: (B, T) long ids, T <= ``cfg.max_len``.
             token_types: (B, T) long segment ids (default zeros).
             key_padding_mask: (B, T) bool, True at padding; default from ``pad_id``.
+            segments: a packed batch (:mod:`tk.core.nn.packing`): (B, T) long, each token's
+                sequence in its row (0 at padding); attention stays within each sequence and
+                learned/sinusoidal positions restart at each.
 
         Returns:
             (B, T, D) hidden states (padded positions hold values that mean nothing).
@@ -116,13 +120,16 @@ class TextEncoder(nn.Module):
         T = tokens.shape[1]
         if T > self.cfg.max_len:
             raise ValueError(f"sequence length {T} exceeds max_len {self.cfg.max_len}; truncate the input")
-        if key_padding_mask is None:
+        attn_mask = positions = None
+        if segments is not None:  # the mask keeps padding out (a padded query sees only itself)
+            attn_mask, positions, key_padding_mask = segment_attention_mask(segments), segment_positions(segments), None
+        elif key_padding_mask is None:
             key_padding_mask = self.padding_mask(tokens)
         x = self.tok_embed(tokens)
         if self.pos_embed is not None:
-            x = self.pos_embed(x)  # (B, T, D) + positions 0 .. T - 1
+            x = self.pos_embed(x, positions=positions)  # (B, T, D) + positions 0 .. T - 1 (per sequence)
         if self.type_embed is not None:
             types = torch.zeros_like(tokens) if token_types is None else token_types
             x = x + self.type_embed(types)
         x = self.embed_drop(self.embed_norm(x))
-        return self.encoder(x, key_padding_mask=key_padding_mask)
+        return self.encoder(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)

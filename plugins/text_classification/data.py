@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
+from tk.core.nn.packing import pack_sequences
 from tk.core.text import TextTokenizer, TokenizerConfig, load_hub_dataset, read_records
 from tk.plugins.text_classification.synthetic import synthetic_rows
 
@@ -43,6 +45,7 @@ class DataConfig:
     num_val: int = 500  # synthetic: validation sentences
     seed: int = 0  # synthetic: seed of the corpus
     max_len: int = 128  # tokens per example incl. [CLS]/[SEP]; longer ones are truncated (counted)
+    pack: bool = False  # train and evaluate on rows of max_len tokens holding several examples (attention kept within each): fewer padded tokens, the same results
 
 
 @dataclass
@@ -215,3 +218,30 @@ def check_length(tokenizer: TextTokenizer, texts: Sequence[str], pairs: Sequence
     if longest > max_len and not truncate:
         raise TkError(f"the text has {longest} tokens, more than the {max_len} the model takes (data.max_len); "
                       f"shorten it, or pass predict.truncate=true to classify its first {max_len} tokens")
+
+
+def collate_examples(samples: list[dict[str, Any]], pad_id: int, multi_label: bool,
+                     pack_len: int | None = None) -> dict[str, Any]:
+    """A batch of encoded examples: ``input_ids``/``token_types`` padded to the longest (B, T),
+    or, with ``pack_len`` and labels, packed into rows of at most ``pack_len`` tokens with
+    ``segments`` (:mod:`tk.core.nn.packing`; the model then returns one row of logits per
+    example, in order); ``labels``; a distilling run's raw ``texts``/``pairs`` and ``index``."""
+    dtype = torch.float32 if multi_label else torch.long  # multi-hot (B, C) or class indices (B,)
+    labels = torch.tensor([s["labels"] for s in samples], dtype=dtype) if "labels" in samples[0] else None
+    if pack_len is not None and labels is not None:
+        packed = pack_sequences([s["input_ids"] for s in samples], pack_len, pad_id,
+                                types=[s["token_types"] for s in samples])
+        batch = {"input_ids": packed.ids, "token_types": packed.types, "segments": packed.segments}
+    else:
+        T = max(len(s["input_ids"]) for s in samples)
+        ids = torch.full((len(samples), T), pad_id, dtype=torch.long)
+        types = torch.zeros((len(samples), T), dtype=torch.long)
+        for row, s in enumerate(samples):
+            ids[row, : len(s["input_ids"])] = torch.tensor(s["input_ids"])
+            types[row, : len(s["token_types"])] = torch.tensor(s["token_types"])
+        batch = {"input_ids": ids, "token_types": types}
+    if "text" in samples[0]:  # distillation: raw texts (the teacher's inputs) and example indices (its cache)
+        pairs = [s["pair"] for s in samples]
+        batch.update(texts=[s["text"] for s in samples], pairs=None if pairs[0] is None else pairs,
+                     index=torch.tensor([s["index"] for s in samples], dtype=torch.long))
+    return batch if labels is None else {**batch, "labels": labels}

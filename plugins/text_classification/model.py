@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from tk.core.nn.config import TransformerConfig
+from tk.core.nn.packing import pool_segments
 from tk.core.nn.text_encoder import TEXT_POOLINGS, TextEncoder, pool
 
 
@@ -97,12 +98,15 @@ class TextClassifier(nn.Module):
             return self.encoder.layer_id(name[len("encoder."):])
         return self.num_layers()
 
-    def forward(self, input_ids: Tensor, token_types: Tensor | None = None) -> Tensor:
-        """Args: input_ids (B, T) long, PAD = the encoder's ``pad_id``; token_types (B, T).
-        Returns: (B, C) logits."""
-        mask = self.encoder.padding_mask(input_ids)
-        hidden = self.encoder(input_ids, token_types, key_padding_mask=mask)
-        pooled = pool(hidden, mask, self.pooling)
+    def forward(self, input_ids: Tensor, token_types: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
+        """Args: input_ids (B, T) long, PAD = the encoder's ``pad_id``; token_types (B, T);
+        segments: a packed batch's (R, T) sequence ids (:mod:`tk.core.nn.packing`).
+        Returns: (B, C) logits, or (N, C) for the N sequences of a packed batch."""
+        if segments is not None:
+            pooled = pool_segments(self.encoder(input_ids, token_types, segments=segments), segments, self.pooling)
+        else:
+            mask = self.encoder.padding_mask(input_ids)
+            pooled = pool(self.encoder(input_ids, token_types, key_padding_mask=mask), mask, self.pooling)
         if self.pooler is not None:
             pooled = torch.tanh(self.pooler(pooled))
         return self.head(self.drop(pooled))

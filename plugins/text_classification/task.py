@@ -46,6 +46,7 @@ from tk.plugins.text_classification.data import (
     TextClsTokenizerConfig,
     check_data,
     check_length,
+    collate_examples,
     label_set,
     read_rows,
 )
@@ -266,21 +267,9 @@ class TextClassificationTask(Task):
         return self.tokenizer.encode_batch(texts, pairs, max_length=self.max_len)
 
     def collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        """Pad to the longest example of the batch (dynamic padding)."""
-        T = max(len(s["input_ids"]) for s in samples)
-        ids = torch.full((len(samples), T), self.pad_id, dtype=torch.long)
-        types = torch.zeros((len(samples), T), dtype=torch.long)
-        for row, s in enumerate(samples):
-            ids[row, : len(s["input_ids"])] = torch.tensor(s["input_ids"])
-            types[row, : len(s["token_types"])] = torch.tensor(s["token_types"])
-        dtype = torch.float32 if self.multi_label else torch.long  # multi-hot (B, C) or class indices (B,)
-        labels = torch.tensor([s["labels"] for s in samples], dtype=dtype) if "labels" in samples[0] else None
-        batch = {"input_ids": ids, "token_types": types}
-        if "text" in samples[0]:  # distillation: raw texts (the teacher's inputs) and example indices (its cache)
-            pairs = [s["pair"] for s in samples]
-            batch.update(texts=[s["text"] for s in samples], pairs=None if pairs[0] is None else pairs,
-                         index=torch.tensor([s["index"] for s in samples], dtype=torch.long))
-        return batch if labels is None else {**batch, "labels": labels}
+        """Pad to the longest example (dynamic padding); with ``data.pack``, labelled batches
+        are packed into rows of :attr:`max_len` tokens (:func:`.data.collate_examples`)."""
+        return collate_examples(samples, self.pad_id, self.multi_label, self.max_len if self.data.pack else None)
 
     # -- model and loss ----------------------------------------------------------------
     def build_model(self) -> nn.Module:
@@ -349,7 +338,7 @@ class TextClassificationTask(Task):
         the batch; ``outputs`` are the (B, C) logits. In training with ``distill.type`` soft/hard,
         ``(1 - alpha) * CE + alpha * distillation term`` against the teacher's logits on the
         same texts (:func:`tk.core.distill.distillation_loss`)."""
-        logits = model(batch["input_ids"], batch["token_types"])
+        logits = model(batch["input_ids"], batch["token_types"], batch.get("segments"))
         if model.training and self.teacher is not None and self._teacher is not None:
             teacher_logits = self._teacher.logits(self.teacher, batch)
             loss, count, logs = distillation_loss(self.distill_cfg, logits, batch["labels"], teacher_logits)
