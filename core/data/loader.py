@@ -20,6 +20,8 @@ from torch.utils.data import (
     get_worker_info,
 )
 
+from tk.core.data.stream import StreamingDataset
+
 __all__ = [
     "DistributedEpochSampler",
     "EpochSeededRandomSampler",
@@ -193,7 +195,9 @@ def build_loader(dataset: Dataset, spec: LoaderSpec, collate_fn: Callable[[list]
     e.g. a :class:`tk.core.data.samplers.TokenBudgetBatchSampler`), ``collate_fn`` batching,
     and workers seeded per batch (:class:`WorkerSeeding`).
 
-    An ``IterableDataset`` gets no sampler: it must shard itself across ranks
+    A :class:`tk.core.data.stream.StreamingDataset` is bound to the spec (rank, batch size,
+    seed) and resumes at a batch like the samplers. Any other ``IterableDataset`` gets no
+    sampler: it must shard itself across ranks
     (``spec.rank``/``spec.world_size``) and workers (``torch.utils.data.get_worker_info``);
     the engine calls its ``set_epoch`` (if any) each pass and resumes it by replaying the
     consumed batches (it cannot start mid-pass).
@@ -209,6 +213,9 @@ def build_loader(dataset: Dataset, spec: LoaderSpec, collate_fn: Callable[[list]
         batching: dict[str, Any] = {"batch_sampler": batch_sampler}
         position = batch_sampler
     elif isinstance(dataset, IterableDataset):
+        if isinstance(dataset, StreamingDataset):  # it splits itself by rank and worker, resumable
+            dataset.bind(batch_size=spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last, seed=spec.seed,
+                         rank=spec.rank, world_size=spec.world_size)
         batching, position = {"batch_size": spec.batch_size, "drop_last": spec.drop_last}, dataset
     else:
         position = build_sampler(dataset, spec)

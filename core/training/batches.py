@@ -120,6 +120,9 @@ class BatchStream:
         """Start the pass at ``self.batch`` by index, if the loader's sampler can."""
         batch_sampler = getattr(self.loader, "batch_sampler", None)
         sampler = getattr(self.loader, "sampler", None)
+        dataset = getattr(self.loader, "dataset", None)
+        if isinstance(dataset, IterableDataset):  # a StreamingDataset positions itself
+            sampler, batch_sampler = dataset, None
         if callable(getattr(batch_sampler, "load_state_dict", None)):
             target = batch_sampler
         elif callable(getattr(sampler, "load_state_dict", None)) \

@@ -65,6 +65,8 @@ class DataConfig:
     image_column: str = "image"  # hf: the column holding the images (a datasets Image feature)
     label_column: str = "label"  # hf: the column holding the integer labels (a ClassLabel gives the class names)
     shards: dict[str, Any] | None = None  # webdataset: tk split -> local .tar shards, a brace pattern or a list, e.g. {train: "d/train-{0000..0009}.tar"}
+    streaming: bool = False  # hf/webdataset: read the samples in order as they come (remote shards, a streamed hub split) instead of by random access; resumes at the batch
+    shuffle_buffer: int = 1000  # streaming: samples shuffled together in training (one buffer of raw samples per loader worker)
     class_names: list[str] | None = None  # hf/webdataset: the label names in order; null: the ClassLabel's names (hf) or "0", "1", ... (webdataset)
 
 
@@ -95,6 +97,11 @@ def check_data(data: DataConfig) -> list[str]:
     if data.source == "webdataset" and not {"train", "val"} <= set(data.shards or {}):
         problems.append("data.shards: data.source webdataset needs the train and val shards, e.g. "
                         "{train: d/train-{0000..0009}.tar, val: d/val-0000.tar}")
+    if data.streaming and data.source not in ("hf", "webdataset"):
+        problems.append(f"data.streaming: data.source {data.source} is read by random access; streaming is for "
+                        f"data.source hf or webdataset (or set data.streaming=false)")
+    if data.shuffle_buffer < 1:
+        problems.append(f"data.shuffle_buffer ({data.shuffle_buffer}) must be >= 1")
     if data.class_names is not None and len(set(data.class_names)) != len(data.class_names):
         problems.append(f"data.class_names: names repeat ({data.class_names[:10]}); give each label its own name")
     return problems

@@ -50,6 +50,7 @@ from tk.plugins.image_classification.pretrained import (
     weights_problems,
 )
 from tk.plugins.image_classification.samples import SampleGrid
+from tk.plugins.image_classification.streams import build_stream
 from tk.plugins.image_classification.synthetic import CLASS_NAMES as SYNTHETIC_CLASSES
 from tk.plugins.image_classification.transforms import (
     build_eval_transform,
@@ -180,7 +181,9 @@ class ImageClassificationTask(Task):
             elif self.data.source == "cifar10":
                 self._class_names = list(CIFAR10_CLASSES)
             else:  # cifar100 reads its meta file; imagefolder its train/ sub-folders
-                self._class_names = list(build_source_dataset(self.data, "train", None).classes)
+                train = (build_stream(self.data, "train", None, self.data.class_names) if self.data.streaming
+                         else build_source_dataset(self.data, "train", None))
+                self._class_names = list(train.classes)
         return self._class_names
 
     @property
@@ -218,13 +221,16 @@ class ImageClassificationTask(Task):
         data = self.data
         if data.source == "webdataset" and data.class_names is None and split != "train":  # labels 0.. of train
             data = dataclasses.replace(data, class_names=self.class_names)
-        base = build_source_dataset(data, split, self._transform(split == "train"))
-        check_not_empty(base, self.data.source, split)
+        if data.streaming:  # already yields the item dicts
+            base = build_stream(data, split, self._transform(split == "train"), data.class_names)
+        else:
+            base = build_source_dataset(data, split, self._transform(split == "train"))
+            check_not_empty(base, self.data.source, split)
         classes = getattr(base, "classes", None)
         if classes is not None and self._class_names is not None and list(classes) != self._class_names:
             raise TkError(f"the {split!r} split has classes {list(classes)[:10]}... but the model was built for "
                           f"{self._class_names[:10]}...; every split needs the same class folders")
-        return DictDataset(base)
+        return base if data.streaming else DictDataset(base)
 
     def transform_batch(self, batch: dict[str, Any], training: bool) -> dict[str, Any]:
         """Mixup/CutMix in training (labels become (B, C) soft targets); identity otherwise."""
