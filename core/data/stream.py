@@ -23,7 +23,7 @@ before the position (the engine's ``BatchStream`` seeks it through :meth:`load_s
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-__all__ = ["StreamSource", "StreamingDataset"]
+__all__ = ["IterSource", "StreamSource", "StreamingDataset"]
 
 
 class StreamSource(Protocol):
@@ -42,6 +42,24 @@ class StreamSource(Protocol):
     def read(self, start: int, stop: int) -> Iterator[Any]:
         """Raw samples ``start`` to ``stop - 1``, in order."""
         ...
+
+
+class IterSource:
+    """A :class:`StreamSource` over samples that can only be read from the first: a file's
+    records, a streamed hub split. ``open()`` (picklable, e.g. a ``functools.partial``, as
+    loader workers call it) starts a fresh read; ``read`` skips to ``start`` (the skipped
+    samples are parsed, never transformed). Without ``count``, one pass counts them.
+    """
+
+    def __init__(self, open: Callable[[], Iterable[Any]], count: int | None = None) -> None:
+        self.open = open
+        self.count = count if count is not None else sum(1 for _ in open())
+
+    def __len__(self) -> int:
+        return self.count
+
+    def read(self, start: int, stop: int) -> Iterator[Any]:
+        return islice(self.open(), start, stop)
 
 
 class StreamingDataset(IterableDataset):

@@ -64,7 +64,7 @@ class DataConfig:
     hf_data_files: dict[str, Any] | None = None  # hf: dataset split -> local file(s) for a builder, e.g. {train: train.parquet}
     image_column: str = "image"  # hf: the column holding the images (a datasets Image feature)
     label_column: str = "label"  # hf: the column holding the integer labels (a ClassLabel gives the class names)
-    shards: dict[str, Any] | None = None  # webdataset: tk split -> local .tar shards, a brace pattern or a list, e.g. {train: "d/train-{0000..0009}.tar"}
+    shards: dict[str, Any] | None = None  # webdataset: tk split -> .tar shards (local; any fsspec URL with streaming), a brace pattern or a list, e.g. {train: "d/train-{0000..0009}.tar"}
     streaming: bool = False  # hf/webdataset: read the samples in order as they come (remote shards, a streamed hub split) instead of by random access; resumes at the batch
     shuffle_buffer: int = 1000  # streaming: samples shuffled together in training (one buffer of raw samples per loader worker)
     class_names: list[str] | None = None  # hf/webdataset: the label names in order; null: the ClassLabel's names (hf) or "0", "1", ... (webdataset)

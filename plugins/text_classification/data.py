@@ -3,7 +3,7 @@ Face ``datasets``, or the synthetic corpus) into rows, and the tokenised dataset
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,6 +45,8 @@ class DataConfig:
     num_val: int = 500  # synthetic: validation sentences
     seed: int = 0  # synthetic: seed of the corpus
     max_len: int = 128  # tokens per example incl. [CLS]/[SEP]; longer ones are truncated (counted)
+    streaming: bool = False  # files/hf: read each split in order as it comes (a pass counts its rows) instead of holding it in memory; resumes at the batch
+    shuffle_buffer: int = 10000  # streaming: rows shuffled together in training
     pack: bool = False  # train and evaluate on rows of max_len tokens holding several examples (attention kept within each): fewer padded tokens, the same results
 
 
@@ -83,6 +85,10 @@ def check_data(d: DataConfig) -> list[str]:
         problems.append("data.multi_label needs data.source 'files' or 'hf' (the synthetic corpus has one label a row)")
     if d.multi_label and not d.label_delimiter:
         problems.append("data.label_delimiter must be a non-empty separator (e.g. ',') with data.multi_label")
+    if d.streaming and d.source == "synthetic":
+        problems.append("data.streaming is for data.source 'files' or 'hf' (the synthetic corpus is generated in memory)")
+    if d.shuffle_buffer < 1:
+        problems.append(f"data.shuffle_buffer ({d.shuffle_buffer}) must be >= 1")
     if d.labels is not None and (len(d.labels) < 2 or len(set(map(str, d.labels))) != len(d.labels)):
         problems.append(f"data.labels ({d.labels}) must list at least 2 distinct labels")
     return problems
@@ -99,40 +105,61 @@ def _kind(label: Any) -> str:
         return "text"
 
 
-def label_set(rows: list[Row], d: DataConfig) -> list[Any]:
+def label_set(rows: Iterable[Row], d: DataConfig) -> list[Any]:
     """The classes, in index order: ``data.labels`` (every row's label must be one of them),
     else the train split's labels, sorted, which must all be of one kind (integers, decimals
     or text): a stray "positive" among 0/1 labels would silently become a class of its own.
+    One pass over ``rows`` (a streamed split is read once).
 
     Raises:
         TkError: a label outside ``data.labels``, or a label of another kind than most,
             naming its file:line and the labels seen.
     """
-    def labels_of(row: Row) -> tuple:
-        return row[2] if d.multi_label else (row[2],)
-
-    if d.labels is not None:
-        declared = {str(x): x for x in d.labels}
-        for row in rows:
-            for label in labels_of(row):
-                if str(label) not in declared:
-                    raise TkError(f"{row[3]}: label {label!r} is not one of data.labels {list(d.labels)}; fix the "
-                                  f"row, or add the label to data.labels")
-        found = {str(label): label for row in rows for label in labels_of(row)}
-        return [found.get(str(x), x) for x in d.labels]  # as the rows spell them ("1" in a TSV, 1 in JSONL)
-    by_kind: dict[str, list[tuple[Any, str]]] = {}
+    declared = {str(x): x for x in d.labels} if d.labels is not None else None
+    seen: dict[Any, None] = {}  # the labels, in order of appearance
+    kinds: dict[str, list] = {}  # kind -> [rows, its first label, where]
     for row in rows:
-        for label in labels_of(row):
-            by_kind.setdefault(_kind(label), []).append((label, row[3]))
-    if len(by_kind) > 1:
-        common = max(by_kind, key=lambda k: len(by_kind[k]))
-        odd_kind = min(by_kind, key=lambda k: len(by_kind[k]))
-        label, where = by_kind[odd_kind][0]
-        examples = sorted({str(x) for x, _ in by_kind[common]})[:4]
-        raise TkError(f"{where}: label {label!r} is {odd_kind} while {len(by_kind[common])} rows have {common} labels "
+        for label in (row[2] if d.multi_label else (row[2],)):
+            if declared is not None and str(label) not in declared:
+                raise TkError(f"{row[3]}: label {label!r} is not one of data.labels {list(d.labels)}; fix the "
+                              f"row, or add the label to data.labels")
+            seen.setdefault(label)
+            kinds.setdefault(_kind(label), [0, label, row[3]])[0] += 1
+    if declared is not None:
+        found = {str(label): label for label in seen}
+        return [found.get(str(x), x) for x in d.labels]  # as the rows spell them ("1" in a TSV, 1 in JSONL)
+    if len(kinds) > 1:
+        common = max(kinds, key=lambda k: kinds[k][0])
+        count, label, where = kinds[min(kinds, key=lambda k: kinds[k][0])]
+        odd_kind = _kind(label)
+        examples = sorted({str(x) for x in seen if _kind(x) == common})[:4]
+        raise TkError(f"{where}: label {label!r} is {odd_kind} while {kinds[common][0]} rows have {common} labels "
                       f"({', '.join(examples)}, ...); fix the row, or declare every class with data.labels=[...]")
-    seen = {label for row in rows for label in labels_of(row)}
     return sorted(seen, key=lambda x: (type(x).__name__, x))
+
+
+def label_target(label: Any, where: str, labels: Sequence[Any], multi_label: bool,
+                 index: dict[tuple[str, Any], int] | None = None) -> Any:
+    """A row's label as the class index (a multi-hot list with ``multi_label``) among
+    ``labels``; ``index`` (:func:`label_index` of them) saves building it per row.
+
+    Raises:
+        TkError: a label not among the train split's, naming the row.
+    """
+    index = label_index(labels) if index is None else index
+    found = []
+    for lab in (label if multi_label else (label,)):
+        key = (type(lab).__name__, lab)
+        if key not in index:
+            raise TkError(f"{where}: label {lab!r} is not among the train split's labels {list(labels)[:20]}; "
+                          f"fix the row or add the label to the training data")
+        found.append(index[key])
+    return [1.0 if c in found else 0.0 for c in range(len(labels))] if multi_label else found[0]
+
+
+def label_index(labels: Sequence[Any]) -> dict[tuple[str, Any], int]:
+    """(type name, label) -> class index: the label 1 and the label "1" are not one class."""
+    return {(type(lab).__name__, lab): i for i, lab in enumerate(labels)}
 
 
 def _columns(d: DataConfig) -> dict[str, str]:
@@ -160,37 +187,44 @@ def _label_set(value: Any, d: DataConfig, where: str) -> tuple:
     return labels
 
 
-def read_hf_rows(d: DataConfig, split: str) -> list[Row]:
-    """The rows of one split of a Hugging Face dataset (hub, or local files through ``hf_data_files``).
+def iter_hf_rows(d: DataConfig, split: str) -> Iterator[Row]:
+    """The rows of one split of a Hugging Face dataset (hub, or local files through
+    ``hf_data_files``), streamed with ``data.streaming``.
 
     Raises:
         TkError: the dataset, split or a column cannot be loaded, or a row has an empty text/label.
     """
     name = d.hf_split.get(split, HF_SPLIT[split])
     columns = _columns(d)
-    ds = load_hub_dataset(d.hf_name, d.hf_config, name, data_files=d.hf_data_files, columns=columns)
-    rows = []
+    ds = load_hub_dataset(d.hf_name, d.hf_config, name, data_files=d.hf_data_files, columns=columns,
+                          streaming=d.streaming)
     for i, rec in enumerate(ds):
         where = f"{d.hf_name}[{name}]:{i}"
         for col, key in columns.items():
             if rec[col] is None or (isinstance(rec[col], str) and not rec[col].strip()):
                 raise TkError(f"{where}: missing or empty {col!r}; fix the dataset or set {key}")
-        rows.append(_row(rec, d, where))
-    return rows
+        yield _row(rec, d, where)
 
 
-def read_rows(d: DataConfig, split: str) -> list[Row]:
-    """The rows of ``split`` (``train``, ``val``, ``test``) from ``d.source``."""
+def iter_rows(d: DataConfig, split: str) -> Iterator[Row]:
+    """The rows of ``split`` (``train``, ``val``, ``test``) from ``d.source``, in order, read as they come."""
     if d.source == "synthetic":
         n, seed = (d.num_train, d.seed) if split == "train" else (d.num_val, d.seed + 1 + (split == "test"))
-        return [(text, None, label, f"synthetic[{split}]:{i}") for i, (text, label) in enumerate(synthetic_rows(n, seed))]
+        yield from ((text, None, label, f"synthetic[{split}]:{i}") for i, (text, label) in enumerate(synthetic_rows(n, seed)))
+        return
     if d.source == "hf":
-        return read_hf_rows(d, split)
+        yield from iter_hf_rows(d, split)
+        return
     key = f"{split}_file"
     if getattr(d, key) is None:
         raise TkError(f"data.{key} is not set; the {split!r} split needs it")
-    return [_row(r.data, d, r.where) for r in read_records(getattr(d, key), d.format, key=f"data.{key}",
-                                                            required=_columns(d), allow_empty=False)]
+    for r in read_records(getattr(d, key), d.format, key=f"data.{key}", required=_columns(d), allow_empty=False):
+        yield _row(r.data, d, r.where)
+
+
+def read_rows(d: DataConfig, split: str) -> list[Row]:
+    """The rows of ``split``, in memory."""
+    return list(iter_rows(d, split))
 
 
 class EncodedDataset(Dataset):

@@ -47,7 +47,10 @@ from tk.plugins.text_classification.data import (
     check_data,
     check_length,
     collate_examples,
+    iter_rows,
+    label_index,
     label_set,
+    label_target,
     read_rows,
 )
 from tk.plugins.text_classification.distill import TextTeacher, check_text_distill
@@ -61,16 +64,13 @@ from tk.plugins.text_classification.pretrained import (
     hf_shape_problems,
     tokenizer_and_spec,
 )
+from tk.plugins.text_classification.stream import row_stream
 
 log = logging.getLogger(__name__)
 
 LABELS_FILE = "labels.json"  # task file: the label values in class-index order
 ENCODER_FILE = "encoder.json"  # task file (fine-tuning): the encoder shape read from config.json or the source run
 
-
-
-def _label_key(label: Any) -> tuple[str, Any]:
-    return (type(label).__name__, label)
 
 
 class TextClassificationTask(Task):
@@ -165,10 +165,9 @@ class TextClassificationTask(Task):
             self.tokenizer = TextTokenizer.from_str(self.files.read_text(TOKENIZER_FILE))
         if self.encoder_spec is None and self.files.exists(ENCODER_FILE):
             self.encoder_spec = json.loads(self.files.read_text(ENCODER_FILE))
-        if self.labels is None:
-            self._train_rows = read_rows(self.data, "train")
-            rows = self._train_rows
-            self.labels = label_set(rows, self.data)
+        if self.labels is None:  # streamed: one pass now, another to train the tokenizer
+            self._train_rows = None if self.data.streaming else read_rows(self.data, "train")
+            self.labels = label_set(self._train_rows or iter_rows(self.data, "train"), self.data)
             if len(self.labels) < 2 and not self.multi_label:
                 raise TkError(f"the train split has {len(self.labels)} label(s) {self.labels}; a classifier needs >= 2")
         if m.pretrained_from is not None and self.encoder_spec is None and self.source is not None:
@@ -190,7 +189,7 @@ class TextClassificationTask(Task):
             if m.pretrained_from is not None:
                 self.tokenizer = TextTokenizer.load(self.pretrained_path, BERT_SPECIALS, key="model.pretrained_from")
             else:
-                rows = self._train_rows or read_rows(self.data, "train")
+                rows = self._train_rows or iter_rows(self.data, "train")
                 texts = (t for r in rows for t in (r[0], r[1]) if t is not None)  # not read when tokenizer.path is set
                 self.tokenizer = build_tokenizer(self.sections["tokenizer"], texts, BERT_SPECIALS, BERT_TEMPLATE)
         if self.encoder_spec is not None:  # the shape the encoder is built with (config.yaml records it)
@@ -235,20 +234,11 @@ class TextClassificationTask(Task):
     # -- data ------------------------------------------------------------------------
     def build_dataset(self, split: str) -> Dataset:
         """Tokenised rows of ``split``; a label not in the train split's set is a TkError naming it and its row."""
+        if self.data.streaming:  # rows read in order as they come, encoded in the loader worker
+            return row_stream(self.data, split, self.tokenizer, self.labels, self.max_len, self.distilling)
         rows = self._train_rows if split == "train" and self._train_rows is not None else read_rows(self.data, split)
-        index = {_label_key(lab): i for i, lab in enumerate(self.labels)}
-        targets: list[Any] = []
-        for _, _, label, where in rows:
-            found = []
-            for lab in (label if self.multi_label else (label,)):
-                if _label_key(lab) not in index:
-                    raise TkError(f"{where}: label {lab!r} is not among the train split's labels {self.labels[:20]}; "
-                                  f"fix the row or add the label to the training data")
-                found.append(index[_label_key(lab)])
-            if self.multi_label:
-                targets.append([1.0 if c in found else 0.0 for c in range(len(self.labels))])
-            else:
-                targets.append(found[0])
+        index = label_index(self.labels)
+        targets = [label_target(label, where, self.labels, self.multi_label, index) for _, _, label, where in rows]
         pairs = [r[1] for r in rows] if self.data.text_pair_column else None
         enc = self.encode([r[0] for r in rows], pairs)
         if enc.truncated:  # a warning: those examples lose text
