@@ -3,7 +3,7 @@
 - ``tokenizer``: :class:`TextTokenizer` over Hugging Face ``tokenizers`` (char, byte-level BPE,
   WordPiece, Unigram), its recipe section :class:`TokenizerConfig` and :func:`build_tokenizer`.
 - ``reader``: :func:`read_records` (CSV / TSV / JSONL / text, with ``file:line`` errors),
-  :func:`read_lines`, :func:`read_parallel`.
+  :func:`read_lines`, :func:`read_parallel` (:func:`iter_parallel`: the same, lazily).
 - ``hub``: :func:`load_hub_dataset` (``datasets``, with one-line errors), :func:`iter_column`.
 - ``metrics``: :class:`Perplexity`, :class:`ClassificationMetrics`, :class:`MultiLabelMetrics`;
   ``confusion``: :func:`save_confusion_png`.
@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "BERT_SPECIALS": "tokenizer", "BERT_TEMPLATE": "tokenizer", "build_tokenizer": "tokenizer",
     "encode_long": "long_text",
     "Record": "reader", "read_records": "reader", "read_lines": "reader", "read_parallel": "reader",
-    "record_format": "reader", "stream_lines": "reader",
+    "record_format": "reader", "stream_lines": "reader", "iter_parallel": "reader",
     "load_hub_dataset": "hub", "iter_column": "hub",
     "Perplexity": "metrics", "ClassificationMetrics": "metrics", "MultiLabelMetrics": "metrics",
     "save_confusion_png": "confusion",

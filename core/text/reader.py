@@ -12,7 +12,7 @@ from typing import IO, Any, Literal, NamedTuple
 
 from tk.core.errors import TkError
 
-__all__ = ["Format", "Record", "read_lines", "read_parallel", "read_records", "record_format", "stream_lines"]
+__all__ = ["Format", "Record", "iter_parallel", "read_lines", "read_parallel", "read_records", "record_format", "stream_lines"]
 
 Format = Literal["auto", "csv", "tsv", "jsonl", "text"]
 _SUFFIXES = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "json": "jsonl", "txt": "text"}
@@ -114,9 +114,29 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path, key: str = "data.t
     """
     src, tgt = read_lines(src_path, key), read_lines(tgt_path, key)
     if len(src) != len(tgt):
-        raise TkError(f"misaligned parallel files: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; "
-                      f"each line of one must translate the same line of the other")
+        raise _misaligned(src_path, len(src), tgt_path, len(tgt))
     return list(zip(src, tgt))
+
+
+def iter_parallel(src_path: str | Path, tgt_path: str | Path, key: str = "data.train_prefix") -> Iterator[tuple[str, str]]:
+    """:func:`read_parallel` read lazily: the line pairs in order; files of different lengths
+    are the same error, raised when the shorter one ends."""
+    src, tgt = read_records(src_path, "text", key=key), read_records(tgt_path, "text", key=key)
+    n = 0
+    for a in src:
+        b = next(tgt, None)
+        if b is None:
+            raise _misaligned(src_path, f"more than {n}", tgt_path, n)
+        n += 1
+        yield a.data[TEXT_KEY], b.data[TEXT_KEY]
+    rest = sum(1 for _ in tgt)
+    if rest:
+        raise _misaligned(src_path, n, tgt_path, n + rest)
+
+
+def _misaligned(src_path: str | Path, src_lines: int | str, tgt_path: str | Path, tgt_lines: int) -> TkError:
+    return TkError(f"misaligned parallel files: {src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}; "
+                   f"each line of one must translate the same line of the other")
 
 
 def stream_lines(stream: IO, name: str | None = None) -> Iterator[tuple[int, str]]:

@@ -4,7 +4,10 @@ filtering rules, and the collate."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice
 from typing import Literal
 
 import numpy as np
@@ -12,8 +15,9 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
+from tk.core.data.stream import IterSource, StreamingDataset
 from tk.core.errors import TkError
-from tk.core.text import TextTokenizer, load_hub_dataset, read_parallel, read_records
+from tk.core.text import TextTokenizer, iter_parallel, load_hub_dataset, read_parallel, read_records
 from tk.core.text import TokenizerConfig as TextTokenizerConfig
 from tk.plugins.translation.synthetic import reverse_pairs, synthetic_pairs
 
@@ -49,6 +53,8 @@ class DataConfig:
     seed: int = 0  # synthetic/reverse: seed of the pairs (the grammar is fixed)
     max_len: int = 128  # pairs with more tokens on either side (BOS/EOS included) are dropped
     max_tokens: int = 4096  # padded tokens per batch (token-budget batching by length)
+    streaming: bool = False  # files/tsv/jsonl/hf: read the train pairs in order as they come (train.batch_size pairs a batch; a pass counts them) instead of holding them in memory; resumes at the batch
+    shuffle_buffer: int = 10000  # streaming: train pairs shuffled together
 
 
 def read_jsonl(path: str, src_lang: str, tgt_lang: str, key: str = "data.train_prefix") -> list[Pair]:
@@ -64,35 +70,71 @@ def read_jsonl(path: str, src_lang: str, tgt_lang: str, key: str = "data.train_p
     return out
 
 
-def read_hf(cfg: DataConfig, split: str) -> list[Pair]:
+def iter_hf(cfg: DataConfig, split: str, streaming: bool = False) -> Iterator[Pair]:
     """A Hugging Face ``datasets`` translation set (``translation: {src: ..., tgt: ...}`` rows)."""
-    ds = load_hub_dataset(cfg.hf_name, cfg.hf_config, split={**HF_SPLIT, **cfg.hf_split}[split])
-    rows = ds["translation"] if "translation" in ds.column_names else ds
-    try:
-        return [(str(r[cfg.src_lang]), str(r[cfg.tgt_lang])) for r in rows]
-    except KeyError as e:
-        raise TkError(f"data.src_lang/tgt_lang: {cfg.hf_name!r} has no language {e.args[0]!r}; "
-                      f"set data.src_lang and data.tgt_lang to its language codes") from None
+    ds = load_hub_dataset(cfg.hf_name, cfg.hf_config, split={**HF_SPLIT, **cfg.hf_split}[split], streaming=streaming)
+    for row in ds:
+        r = row.get("translation", row)
+        try:
+            yield str(r[cfg.src_lang]), str(r[cfg.tgt_lang])
+        except KeyError as e:
+            raise TkError(f"data.src_lang/tgt_lang: {cfg.hf_name!r} has no language {e.args[0]!r}; "
+                          f"set data.src_lang and data.tgt_lang to its language codes") from None
 
 
-def read_pairs(cfg: DataConfig, split: str) -> list[Pair]:
-    """The raw (source, target) strings of ``split`` ("train", "val", "test")."""
+def iter_pairs(cfg: DataConfig, split: str, streaming: bool = False) -> Iterator[Pair]:
+    """The raw (source, target) strings of ``split`` ("train", "val", "test"), in order, read as
+    they come (``streaming``: a hub split is streamed rather than downloaded)."""
     if cfg.source in ("synthetic", "reverse"):
         make = synthetic_pairs if cfg.source == "synthetic" else reverse_pairs
         num = cfg.num_train if split == "train" else cfg.num_val
-        return make(num, seed=cfg.seed * 3 + {"train": 0, "val": 1, "test": 2}[split])
+        yield from make(num, seed=cfg.seed * 3 + {"train": 0, "val": 1, "test": 2}[split])
+        return
     if cfg.source == "hf":
-        return read_hf(cfg, split)
+        yield from iter_hf(cfg, split, streaming)
+        return
     prefix = {"train": cfg.train_prefix, "val": cfg.val_prefix, "test": cfg.test_prefix}[split]
     if prefix is None:
         raise TkError(f"no {split} split: set data.{split}_prefix")
     key = f"data.{split}_prefix"
     if cfg.source == "tsv":
         rows = read_records(prefix, "tsv", key=key, fieldnames=("source", "target"))
-        return [(r.data["source"], r.data["target"]) for r in rows]
-    if cfg.source == "jsonl":
-        return read_jsonl(prefix, cfg.src_lang, cfg.tgt_lang, key)
-    return read_parallel(f"{prefix}.{cfg.src_lang}", f"{prefix}.{cfg.tgt_lang}", key=key)
+        yield from ((r.data["source"], r.data["target"]) for r in rows)
+    elif cfg.source == "jsonl":
+        yield from read_jsonl(prefix, cfg.src_lang, cfg.tgt_lang, key)
+    else:
+        yield from iter_parallel(f"{prefix}.{cfg.src_lang}", f"{prefix}.{cfg.tgt_lang}", key=key)
+
+
+def read_pairs(cfg: DataConfig, split: str) -> list[Pair]:
+    """The raw (source, target) strings of ``split``, in memory."""
+    if cfg.source not in ("synthetic", "reverse", "hf", "tsv", "jsonl"):  # both files checked before reading
+        prefix = {"train": cfg.train_prefix, "val": cfg.val_prefix, "test": cfg.test_prefix}[split]
+        if prefix is not None:
+            return read_parallel(f"{prefix}.{cfg.src_lang}", f"{prefix}.{cfg.tgt_lang}", key=f"data.{split}_prefix")
+    return list(iter_pairs(cfg, split))
+
+
+def encode_pairs(pairs: Iterable[Pair], src_tok: TextTokenizer, tgt_tok: TextTokenizer, max_len: int,
+                 dropped: dict[str, int] | None = None, chunk: int = 1000) -> Iterator[tuple[list[int], list[int], Pair]]:
+    """``(source ids + EOS, BOS + target ids + EOS, the stripped pair)`` of the pairs kept: one
+    with an empty side is dropped (counted in ``dropped["empty"]``), one with more than
+    ``max_len`` tokens on either side too (``dropped["too_long"]``). Encoded ``chunk`` pairs at a time."""
+    dropped = {"empty": 0, "too_long": 0} if dropped is None else dropped
+    bos, eos = tgt_tok.token_id(BOS), tgt_tok.token_id(EOS)
+    it = iter(pairs)
+    while batch := list(islice(it, chunk)):
+        kept = [(s.strip(), t.strip()) for s, t in batch]
+        nonempty = [(s, t) for s, t in kept if s and t]
+        dropped["empty"] += len(kept) - len(nonempty)
+        src_ids = src_tok.encode_batch([s for s, _ in nonempty], add_special_tokens=False).ids
+        tgt_ids = tgt_tok.encode_batch([t for _, t in nonempty], add_special_tokens=False).ids
+        for pair, si, ti in zip(nonempty, src_ids, tgt_ids):
+            si, ti = si + [eos], [bos] + ti + [eos]
+            if len(si) > max_len or len(ti) > max_len:
+                dropped["too_long"] += 1
+                continue
+            yield si, ti, pair
 
 
 class ParallelDataset(Dataset):
@@ -107,17 +149,8 @@ class ParallelDataset(Dataset):
     def __init__(self, pairs: list[Pair], src_tok: TextTokenizer, tgt_tok: TextTokenizer, max_len: int) -> None:
         self.src, self.tgt = [], []  # token ids: source + EOS, BOS + target + EOS
         self.sources, self.refs = [], []  # the raw (stripped) texts
-        bos, eos = tgt_tok.token_id(BOS), tgt_tok.token_id(EOS)
-        kept = [(s.strip(), t.strip()) for s, t in pairs]
-        nonempty = [(s, t) for s, t in kept if s and t]
-        self.dropped = {"empty": len(kept) - len(nonempty), "too_long": 0}
-        src_ids = src_tok.encode_batch([s for s, _ in nonempty], add_special_tokens=False).ids
-        tgt_ids = tgt_tok.encode_batch([t for _, t in nonempty], add_special_tokens=False).ids
-        for (s, t), si, ti in zip(nonempty, src_ids, tgt_ids):
-            si, ti = si + [eos], [bos] + ti + [eos]
-            if len(si) > max_len or len(ti) > max_len:
-                self.dropped["too_long"] += 1
-                continue
+        self.dropped = {"empty": 0, "too_long": 0}
+        for si, ti, (s, t) in encode_pairs(pairs, src_tok, tgt_tok, max_len, self.dropped, chunk=max(len(pairs), 1)):
             self.src.append(si)
             self.tgt.append(ti)
             self.sources.append(s)
@@ -137,3 +170,33 @@ def collate_pairs(samples: list[dict], pad: int) -> dict:
     tgt = pad_sequence([s["tgt"] for s in samples], batch_first=True, padding_value=pad)
     src = pad_sequence([s["src"] for s in samples], batch_first=True, padding_value=pad)
     return {"id": torch.tensor([s["id"] for s in samples]), "src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+
+
+class PairItems:
+    """Encoded pairs -> training items ``{"id": -1, "src", "tgt"}`` (training never reads the id)."""
+
+    def __call__(self, encoded: tuple[list[int], list[int], Pair]) -> dict:
+        return {"id": -1, "src": torch.tensor(encoded[0]), "tgt": torch.tensor(encoded[1])}
+
+
+def _encoded(cfg: DataConfig, split: str, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
+             lowercase: bool) -> Iterator[tuple[list[int], list[int], Pair]]:
+    pairs = iter_pairs(cfg, split, streaming=True)
+    if lowercase:
+        pairs = ((s.lower(), t.lower()) for s, t in pairs)
+    return encode_pairs(pairs, src_tok, tgt_tok, cfg.max_len)
+
+
+def pair_stream(cfg: DataConfig, split: str, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
+                lowercase: bool) -> StreamingDataset:
+    """``split``'s pairs read in order (``data.streaming``), filtered as :class:`ParallelDataset`
+    filters them; one pass counts the pairs kept.
+
+    Raises:
+        TkError: no pair is kept.
+    """
+    source = IterSource(partial(_encoded, cfg, split, src_tok, tgt_tok, lowercase))
+    if not len(source):
+        raise TkError(f"the {split} split has no usable pairs (empty, or all longer than data.max_len="
+                      f"{cfg.max_len} tokens); check the data or raise data.max_len")
+    return StreamingDataset([source], PairItems(), cfg.shuffle_buffer)

@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, ClassVar
 
 import torch
@@ -30,6 +31,8 @@ from tk.plugins.translation.data import (
     ParallelDataset,
     TokenizerConfig,
     collate_pairs,
+    iter_pairs,
+    pair_stream,
     read_pairs,
 )
 from tk.plugins.translation.metrics import CorpusBleu
@@ -106,6 +109,11 @@ class TranslationTask(Task):
                             f"or the longest pairs fit in no batch")
         if data.max_len > model.max_len:
             problems.append(f"data.max_len ({data.max_len}) must be <= model.max_len ({model.max_len})")
+        if data.streaming and data.source in ("synthetic", "reverse"):
+            problems.append(f"data.streaming is for data.source files, tsv, jsonl or hf (the {data.source} pairs are "
+                            f"generated in memory)")
+        if data.shuffle_buffer < 1:
+            problems.append(f"data.shuffle_buffer ({data.shuffle_buffer}) must be >= 1")
         if data.source == "hf" and not data.hf_name:
             problems.append("data.hf_name: data.source: hf needs a dataset, e.g. wmt14 (and data.hf_config: de-en)")
         if set(data.hf_split) - {"train", "val", "test"}:
@@ -149,10 +157,17 @@ class TranslationTask(Task):
     def _build_tokenizers(self) -> list[TextTokenizer]:
         if self.tok_cfg.path is not None:  # one joint vocabulary (check_config)
             return [TextTokenizer.load(self.tok_cfg.path, required_specials=SPECIALS)]
-        pairs = [self._norm(p) for p in read_pairs(self.data, "train")]
-        if self.tok_cfg.joint:
-            return [TextTokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], self.tok_cfg, SPECIALS)]
-        return [TextTokenizer.train([p[side] for p in pairs], self.tok_cfg, SPECIALS) for side in (0, 1)]
+        if self.data.streaming:  # a pass over the train pairs per side, nothing kept in memory
+            def side(k: int):
+                return (self._norm(p)[k] for p in iter_pairs(self.data, "train", streaming=True))
+        else:
+            pairs = [self._norm(p) for p in read_pairs(self.data, "train")]
+
+            def side(k: int):
+                return (p[k] for p in pairs)
+        if self.tok_cfg.joint:  # all sources, then all targets
+            return [TextTokenizer.train(chain(side(0), side(1)), self.tok_cfg, SPECIALS)]
+        return [TextTokenizer.train(side(k), self.tok_cfg, SPECIALS) for k in (0, 1)]
 
     def _norm(self, pair: tuple[str, str]) -> tuple[str, str]:
         """Lowercased with tokenizer.lowercase: the references too, so BLEU compares like with like."""
@@ -191,7 +206,11 @@ class TranslationTask(Task):
         return collate_pairs(samples, self.pad_id)
 
     def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
-        """Token-budget batches (``data.max_tokens`` padded tokens), built by length."""
+        """Token-budget batches (``data.max_tokens`` padded tokens), built by length; streamed
+        training pairs (``data.streaming``) come ``train.batch_size`` to a batch."""
+        if self.data.streaming and split == "train":
+            stream = pair_stream(self.data, split, self.src_tok, self.tgt_tok, self.tok_cfg.lowercase)
+            return build_loader(stream, spec, self.collate)
         ds = self.build_dataset(split)
         sampler = TokenBudgetBatchSampler.from_spec(spec, ds.lengths, self.data.max_tokens)
         return build_loader(ds, spec, self.collate, batch_sampler=sampler)

@@ -114,3 +114,66 @@ def test_streaming_the_synthetic_corpus_is_refused_by_validate():
 
     result = CliRunner().invoke(cli, ["validate", "textcls_synthetic", "data.streaming=true"])
     assert result.exit_code == 2 and "data.streaming is for data.source 'files' or 'hf'" in result.stderr
+
+
+# -- translation: streamed train pairs ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory) -> dict[str, str]:
+    from tk.plugins.translation.synthetic import reverse_pairs
+
+    root = tmp_path_factory.mktemp("parallel")
+    for split, n, seed in (("train", 200, 0), ("val", 20, 1)):
+        pairs = reverse_pairs(n, seed=seed)
+        (root / f"{split}.en").write_text("".join(s + "\n" for s, _ in pairs))
+        (root / f"{split}.de").write_text("".join(t + "\n" for _, t in pairs))
+    return {"train": str(root / "train"), "val": str(root / "val")}
+
+
+def translation_args(parallel: dict[str, str], *extra: str) -> list[str]:
+    return ["translation_reverse", "data.source=files", f"data.train_prefix={parallel['train']}",
+            f"data.val_prefix={parallel['val']}", "data.max_len=24", "data.max_tokens=256", "tokenizer.vocab_size=320",
+            "model.dim=32", "model.depth=1", "model.num_heads=2", "model.max_len=64", "train.batch_size=8",
+            "train.log_every=1", "train.eval_every=10", "decode.bleu_every=0", "train.best_metric=val/loss",
+            "train.progress=false", *extra]
+
+
+def test_streamed_train_pairs_are_the_in_memory_pairs_and_misaligned_files_fail(parallel, tmp_path):
+    from tk.core.recipe import load_config
+    from tk.core.text import iter_parallel
+
+    cfg, task_cls = load_config(translation_args(parallel)[0], translation_args(parallel, "data.streaming=true")[1:])
+    task = task_cls(cfg, None)
+    task.setup()
+    stream = task.build_loader("train", LoaderSpec(batch_size=8)).dataset
+    memory = task.build_dataset("train")
+    items = list(stream)
+    assert len(items) == len(memory) == 200
+    assert all(a["src"].tolist() == memory.src[i] and a["tgt"].tolist() == memory.tgt[i] for i, a in enumerate(items))
+    (tmp_path / "m.en").write_text("a\nb\nc\n")
+    (tmp_path / "m.de").write_text("a\nb\n")
+    with pytest.raises(TkError, match=r"misaligned parallel files: .*m.en has more than 2 lines but .*m.de has 2"):
+        list(iter_parallel(tmp_path / "m.en", tmp_path / "m.de"))
+    with pytest.raises(TkError, match=r"misaligned parallel files: .*m.de has 2 lines but .*m.en has 3"):
+        list(iter_parallel(tmp_path / "m.de", tmp_path / "m.en"))
+
+
+@pytest.mark.slow
+def test_a_sigkilled_streamed_translation_run_resumes_exactly(parallel, tmp_path):
+    common = translation_args(parallel, "data.streaming=true", "data.shuffle_buffer=32", "train.max_steps=30",
+                              "train.num_workers=2", "train.deterministic=true")
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    done = subprocess.run([TK, "run", *common, f"output_dir={ref}"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    proc = subprocess.Popen([TK, "run", *common, f"output_dir={killed}", "train.save_every=1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (killed / "checkpoints" / "step_00000006.pt").exists():
+        assert proc.poll() is None, f"the run ended before the test could kill it: {proc.communicate()}"
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    resumed = subprocess.run([TK, "run", *common, f"output_dir={killed}", "--resume"], capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert records(killed) == records(ref) and len(records(ref)) >= 30

@@ -254,7 +254,7 @@ def test_renamed_key_is_a_one_line_config_error(old, new, tmp_path):
 def test_hf_split_maps_tk_splits_to_dataset_splits(monkeypatch):
     calls = []
 
-    def fake_load(name, config, split):
+    def fake_load(name, config, split, **options):
         calls.append((name, config, split))
         return FakeDataset([{"translation": {"en": "a dog", "de": "ein Hund"}}])
 
