@@ -4,6 +4,8 @@
   WordPiece, Unigram), its recipe section :class:`TokenizerConfig` and :func:`build_tokenizer`.
 - ``reader``: :func:`read_records` (CSV / TSV / JSONL / text, with ``file:line`` errors),
   :func:`read_lines`, :func:`read_parallel` (:func:`iter_parallel`: the same, lazily).
+- ``token_store``: :class:`TokenStore`, a corpus's token file in ``$TK_CACHE/tokens``, built in
+  chunks that a killed build continues, reused by later runs.
 - ``hub``: :func:`load_hub_dataset` (``datasets``, with one-line errors), :func:`iter_column`.
 - ``metrics``: :class:`Perplexity`, :class:`ClassificationMetrics`, :class:`MultiLabelMetrics`;
   ``confusion``: :func:`save_confusion_png`.
@@ -20,7 +22,7 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "TokenizerConfig": "tokenizer", "TextTokenizer": "tokenizer", "Encoded": "tokenizer", "Template": "tokenizer",
     "BERT_SPECIALS": "tokenizer", "BERT_TEMPLATE": "tokenizer", "build_tokenizer": "tokenizer",
-    "encode_long": "long_text",
+    "encode_long": "long_text", "TokenStore": "token_store",
     "Record": "reader", "read_records": "reader", "read_lines": "reader", "read_parallel": "reader",
     "record_format": "reader", "stream_lines": "reader", "iter_parallel": "reader",
     "load_hub_dataset": "hub", "iter_column": "hub",

@@ -27,15 +27,12 @@ from PIL import Image
 from tk.core.data.stream import StreamingDataset
 from tk.core.errors import TkError
 from tk.core.text.hub import load_hub_dataset
+from tk.core.text.token_store import cache_root
 from tk.plugins.image_classification.sources import IMAGE_EXTENSIONS
 
 __all__ = ["HubImageStream", "TarStream", "build_stream"]
 
 _LABEL_EXTENSIONS = ("cls", "json")
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("TK_CACHE") or Path.home() / ".cache" / "tk").expanduser() / "shards"
 
 
 def _open(url: str):
@@ -105,7 +102,7 @@ class TarStream:
         except (OSError, ValueError) as e:
             raise TkError(f"{self.key}: shard {self.url} cannot be opened ({e}); check the path or URL") from e
         stamp = json.dumps([self.url, info.get("size"), str(info.get("mtime") or info.get("ETag") or "")])
-        cached = _cache_root() / f"{hashlib.sha1(stamp.encode()).hexdigest()}.json"
+        cached = cache_root() / "shards" / f"{hashlib.sha1(stamp.encode()).hexdigest()}.json"
         if cached.is_file():
             record = json.loads(cached.read_text())
             return record["count"], record["top"]

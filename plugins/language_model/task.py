@@ -36,6 +36,7 @@ from tk.core.nn.generation import generate
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, encode_long, iter_column, load_hub_dataset
+from tk.core.text.token_store import TokenStore
 from tk.plugins.language_model.corpus import read_corpus, synthetic_text
 from tk.plugins.language_model.data import (
     UNK,
@@ -56,7 +57,6 @@ from tk.plugins.language_model.data import (
 from tk.plugins.language_model.metrics import LMMetrics
 from tk.plugins.language_model.model import ModelConfig, build_model
 from tk.plugins.language_model.stream import TextStream
-from tk.plugins.language_model.token_store import TokenStore
 
 SAMPLES_DIR = "samples"  # in the run dir: step_N.txt, a few generated continuations per evaluation
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (a tokenizers JSON)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -37,6 +38,7 @@ class DataConfig:
     max_len: int = 64  # tokens per sequence incl. [CLS] and [SEP]
     pack: bool = True  # true: texts joined and cut into full max_len sequences; false: one text per sequence
     val_fraction: float = 0.05  # the last fraction of the texts is the validation split
+    token_cache: bool = True  # pack with source text/hf: the train split's tokens in $TK_CACHE/tokens (built in chunks, continued after a kill, reused by later runs)
     mask_prob: float = 0.15  # fraction of the non-special tokens chosen for prediction (80/10/10 as in BERT)
 
 
@@ -187,3 +189,34 @@ class SequenceDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.items[i]
+
+
+class PackedTokens(Dataset):
+    """``data.pack`` sequences cut from a token stream (the cached token file): item i is
+    ``{"input_ids": [CLS] tokens[i * body : (i + 1) * body] [SEP]}`` (the last one shorter),
+    what :func:`make_sequences` gives for the same texts."""
+
+    def __init__(self, tokens: np.ndarray, max_len: int, cls: int, sep: int) -> None:
+        self.tokens, self.body, self.cls, self.sep = tokens, max_len - 2, cls, sep
+
+    def __len__(self) -> int:
+        return -(-len(self.tokens) // self.body)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        piece = self.tokens[i * self.body: (i + 1) * self.body]
+        return {"input_ids": [self.cls, *piece.tolist(), self.sep]}
+
+
+def corpus_identity(d: DataConfig) -> dict[str, Any]:
+    """What names the train texts in the token cache's key: the source and its settings, and
+    for files each file's path, size and modification time (an edited file gets a new key)."""
+    ident: dict[str, Any] = {"source": d.source, "val_fraction": d.val_fraction, "split": "train"}
+    if d.source == "text":
+        files = _files(d.path)
+        ident.update(split_on=d.split_on, files=[(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns)
+                                                 for f in files])
+    else:
+        folder = Path(d.hf_name or "").expanduser()
+        ident.update(hf_name=str(folder.resolve()) if folder.exists() else d.hf_name, hf_config=d.hf_config,
+                     hf_split=d.hf_split, text_column=d.text_column)
+    return ident

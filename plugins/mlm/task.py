@@ -8,6 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -20,13 +21,16 @@ from tk.core.nn.text_encoder import TextEncoder
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.core.text import BERT_SPECIALS, BERT_TEMPLATE, TextTokenizer, build_tokenizer
+from tk.core.text.token_store import TokenStore
 from tk.plugins.mlm.data import (
     IGNORE,
     MASK,
     DataConfig,
     MLMTokenizerConfig,
+    PackedTokens,
     SequenceDataset,
     check_data,
+    corpus_identity,
     make_sequences,
     mask_tokens,
     pad_batch,
@@ -116,6 +120,11 @@ class MLMTask(Task):
         masked afresh in every batch; val ones once, from ``data.seed``, so every evaluation
         scores the same masked tokens."""
         texts = self.texts["train" if split == "train" else "val"]
+        d = self.data
+        if split == "train" and d.pack and d.token_cache and d.source != "synthetic":
+            store = TokenStore(self.tokenizer, corpus_identity(d), "", np.int32, add_special_tokens=False)
+            tokens, _, _ = store.build(texts[i: i + 1000] for i in range(0, len(texts), 1000))
+            return PackedTokens(tokens, d.max_len, self.tokenizer.token_id("[CLS]"), self.tokenizer.token_id("[SEP]"))
         seqs, cut = make_sequences(self.tokenizer, texts, self.data.max_len, self.data.pack)
         if not seqs:
             raise TkError(f"data: the {split} split has no token after tokenisation; give a longer corpus")

@@ -211,7 +211,8 @@ def test_hf_corpus_is_read_from_its_text_column(tmp_path):
                                 "data.val_fraction=0.1", "tokenizer.vocab_size=60"])
     assert task.texts["train"][:3] == ["the cat sat on the mat", "a dog ran in the park", "the bird sang"]
     assert len(task.texts["val"]) == 6  # 60 non-empty texts, the last 10%
-    seqs = task.build_dataset("train").items
+    train = task.build_dataset("train")  # from the token cache
+    seqs = [train[i] for i in range(len(train))]
     n = task.data.max_len
     assert all(len(s["input_ids"]) <= n for s in seqs) and len(seqs[0]["input_ids"]) == n  # packed: full sequences
 
@@ -241,3 +242,30 @@ def test_predict_keeps_case_and_unknown_words(trained_run):
     task, model = load_run(trained_run)
     out = task.predict(model, ["W3 qqqq-unknown [MASK] w6"])[0]
     assert out["filled"] == f"W3 qqqq-unknown {out['masks'][0]['tokens'][0].removeprefix('##')} w6"
+
+
+@pytest.mark.slow
+def test_the_train_tokens_come_from_the_token_cache_and_train_as_without_it(tmp_path):
+    """data.token_cache (issue #36 item 3): the packed train sequences cut from the cached token
+    file are make_sequences' own, the losses equal a run without the cache, and a second run
+    finds the file instead of tokenising again."""
+    from tk.core.engine.inference import load_run
+    from tk.plugins.mlm.data import make_sequences
+
+    corpus = counting_corpus(tmp_path / "count.txt")
+    args = ["run", "mlm_synthetic", *FAST, "data.source=text", f"data.path={corpus}", "data.max_len=16",
+            "train.max_steps=6", "train.eval_every=3", "train.log_every=1"]
+    for name, cache in (("plain", "false"), ("cached", "true"), ("again", "true")):
+        result = run_cli(*args, f"data.token_cache={cache}", f"output_dir={tmp_path / name}")
+        assert result.exit_code == 0, result.output
+
+    def losses(name):
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r.get("loss"), r.get("val/loss")) for r in rows]
+
+    assert losses("plain") == losses("cached") == losses("again") and len(losses("plain")) >= 6
+    assert "from the cache" in (tmp_path / "again" / "train.log").read_text()
+    task, _ = load_run(tmp_path / "cached")
+    cached = task.build_dataset("train")
+    seqs, _ = make_sequences(task.tokenizer, task.texts["train"], 16, True)
+    assert type(cached).__name__ == "PackedTokens" and [cached[i]["input_ids"] for i in range(len(cached))] == seqs

@@ -10,10 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.text import TextTokenizer, TokenizerConfig
-from tk.plugins.language_model import token_store
+from tk.core.text import TextTokenizer, TokenizerConfig, token_store
+from tk.core.text.token_store import TokenStore
 from tk.plugins.language_model.corpus import synthetic_text
-from tk.plugins.language_model.token_store import TokenStore
 
 DOCS = [d for d in synthetic_text(600, 3).split("\n") if d]
 

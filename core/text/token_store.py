@@ -1,4 +1,4 @@
-"""The language model's token file of a ``datasets`` corpus, built once and kept in a cache.
+"""The token file of a corpus (the language model's, masked-LM's train split), built once and kept in a cache.
 
 Tokenising a large corpus takes hours (FineWeb's 10B-token sample), so the build is written in
 chunks beside a progress record: a killed build continues at the first document it had not
@@ -49,13 +49,17 @@ class TokenStore:
         separator: appended to every document.
         dtype: the token dtype.
         root: the cache folder (default ``cache_root() / "tokens"``).
+        add_special_tokens: apply the tokenizer's template to each document (False: the bare
+            tokens, e.g. masked-LM's stream that ``[CLS]``/``[SEP]`` frame later).
     """
 
     def __init__(self, tokenizer: TextTokenizer, corpus: dict[str, Any], separator: str, dtype: np.dtype,
-                 root: Path | None = None) -> None:
+                 root: Path | None = None, add_special_tokens: bool = True) -> None:
         self.tokenizer, self.separator, self.dtype = tokenizer, separator, np.dtype(dtype)
+        self.add_special_tokens = add_special_tokens
         spec = json.dumps({"tokenizer": tokenizer.to_str(), "corpus": corpus, "separator": separator,
-                           "dtype": self.dtype.name}, sort_keys=True)
+                           "dtype": self.dtype.name} | ({} if add_special_tokens else {"specials": False}),
+                          sort_keys=True)
         self.key = hashlib.sha256(spec.encode()).hexdigest()[:24]
         self.root = root if root is not None else cache_root() / "tokens"
         self.path = self.root / f"{self.key}.bin"
@@ -78,7 +82,7 @@ class TokenStore:
         """
         if self.path.is_file() and self.meta.is_file():
             meta = json.loads(self.meta.read_text(encoding="utf-8"))
-            log.info("language_model: tokens of this corpus and tokenizer from the cache %s (%d tokens)",
+            log.info("tokens: tokens of this corpus and tokenizer from the cache %s (%d tokens)",
                      self.path, meta["tokens"])
             return np.memmap(self.path, dtype=self.dtype, mode="r"), int(meta["chars"]), "cached"
         try:
@@ -89,7 +93,7 @@ class TokenStore:
         done = self._resume_point()
         how = "continued" if done["docs"] else "built"
         if done["docs"]:
-            log.info("language_model: continuing the token build in %s after %d documents (%d tokens)",
+            log.info("tokens: continuing the token build in %s after %d documents (%d tokens)",
                      self.part, done["docs"], done["tokens"])
         self._write(documents, done)
         if done["tokens"] == 0:
@@ -119,7 +123,7 @@ class TokenStore:
         with open(self.part, "ab") as out, bar:
             for texts in _skip(documents, skip):
                 texts = [t + self.separator for t in texts]
-                ids = self.tokenizer.encode_batch(texts).ids  # parallel across the batch (tokenizers' threads)
+                ids = self.tokenizer.encode_batch(texts, add_special_tokens=self.add_special_tokens).ids  # parallel across the batch (tokenizers' threads)
                 data = np.concatenate([np.asarray(e, dtype=self.dtype) for e in ids]) if ids else np.zeros(0)
                 out.write(data.astype(self.dtype, copy=False).tobytes())
                 done["docs"] += len(texts)
@@ -132,7 +136,7 @@ class TokenStore:
                     unsaved = 0
             self._record(out, done)
         rate = (done["tokens"] / max(time.perf_counter() - started, 1e-9)) / 1e6
-        log.info("language_model: tokenised %d documents into %d tokens (%.2f M tokens/s); cached as %s",
+        log.info("tokens: tokenised %d documents into %d tokens (%.2f M tokens/s); cached as %s",
                  done["docs"], done["tokens"], rate, self.path)
 
     def _record(self, out: Any, done: dict[str, int]) -> None:
