@@ -328,7 +328,9 @@ class TextClassificationTask(Task):
         the batch; ``outputs`` are the (B, C) logits. In training with ``distill.type`` soft/hard,
         ``(1 - alpha) * CE + alpha * distillation term`` against the teacher's logits on the
         same texts (:func:`tk.core.distill.distillation_loss`)."""
-        logits = model(batch["input_ids"], batch["token_types"], batch.get("segments"))
+        segments = batch.get("segments")  # a packed batch (data.pack); other models never see the argument
+        logits = model(batch["input_ids"], batch["token_types"]) if segments is None else \
+            model(batch["input_ids"], batch["token_types"], segments=segments)
         if model.training and self.teacher is not None and self._teacher is not None:
             teacher_logits = self._teacher.logits(self.teacher, batch)
             loss, count, logs = distillation_loss(self.distill_cfg, logits, batch["labels"], teacher_logits)
