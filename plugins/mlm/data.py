@@ -5,7 +5,9 @@ token masking."""
 from __future__ import annotations
 
 import glob
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +40,7 @@ class DataConfig:
     max_len: int = 64  # tokens per sequence incl. [CLS] and [SEP]
     pack: bool = True  # true: texts joined and cut into full max_len sequences; false: one text per sequence
     val_fraction: float = 0.05  # the last fraction of the texts is the validation split
+    streaming: bool = False  # source text/hf, with pack and token_cache: never hold the corpus in memory (a pass counts the texts, one builds the token file, a streamed hub split)
     token_cache: bool = True  # pack with source text/hf: the train split's tokens in $TK_CACHE/tokens (built in chunks, continued after a kill, reused by later runs)
     mask_prob: float = 0.15  # fraction of the non-special tokens chosen for prediction (80/10/10 as in BERT)
 
@@ -66,6 +69,9 @@ def check_data(d: DataConfig) -> list[str]:
         problems.append(f"data.val_fraction ({d.val_fraction}) must be in (0, 1)")
     if not 0.0 < d.mask_prob < 1.0:
         problems.append(f"data.mask_prob ({d.mask_prob}) must be in (0, 1)")
+    if d.streaming and (d.source == "synthetic" or not d.pack or not d.token_cache):
+        problems.append("data.streaming needs data.source text or hf with data.pack=true and data.token_cache=true "
+                        "(the train tokens then live in the cache file, not in memory)")
     if d.num_sentences < 2:
         problems.append(f"data.num_sentences ({d.num_sentences}) must be >= 2")
     return problems
@@ -86,15 +92,73 @@ def _read_files(d: DataConfig) -> list[str]:
     if not files:
         raise TkError(f"data.path: no text file at {d.path!r} (give a file, a folder of text files or a glob, "
                       f"or set data.source=synthetic)")
-    texts = []
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise TkError(f"data.path: {f} is not UTF-8 text ({e}); convert it or leave it out of data.path") from e
-        parts = text.split("\n\n") if d.split_on == "blank_line" else text.splitlines()
-        texts += [" ".join(t.split()) for t in parts]
-    return texts
+    return [t for f in files for t in _file_texts(f, d.split_on)]
+
+
+def _file_texts(f: Path, split_on: str) -> Iterator[str]:
+    """The texts of one file, read line by line (``blank_line``: paragraphs, ended by a blank
+    line), whitespace runs made single spaces; empty ones are dropped by the callers."""
+    try:
+        with open(f, encoding="utf-8") as lines:
+            paragraph: list[str] = []
+            for line in lines:
+                if split_on == "line":
+                    yield " ".join(line.split())
+                elif line.strip():
+                    paragraph.append(line)
+                else:
+                    yield " ".join(" ".join(paragraph).split())
+                    paragraph = []
+            if paragraph:
+                yield " ".join(" ".join(paragraph).split())
+    except UnicodeDecodeError as e:
+        raise TkError(f"data.path: {f} is not UTF-8 text ({e}); convert it or leave it out of data.path") from e
+
+
+def iter_texts(d: DataConfig) -> Iterator[str]:
+    """The non-empty texts of ``d.source`` in order, read as they come (a hub split streamed)."""
+    if d.source == "hf":
+        ds = load_hub_dataset(d.hf_name, d.hf_config, d.hf_split, columns={d.text_column: "data.text_column"},
+                              local="data.source: text with data.path", streaming=True)
+        texts: Iterable[str] = (t for batch in iter_column(ds, d.text_column) for t in batch)
+    elif d.source == "text":
+        files = _files(d.path)
+        if not files:
+            _read_files(d)  # the error
+        texts = (t for f in files for t in _file_texts(f, d.split_on))
+    else:
+        texts = (t for t, _ in synthetic_rows(d.num_sentences, d.seed))
+    yield from (t for t in texts if t.strip())
+
+
+class TextRange:
+    """Texts ``start .. stop - 1`` of :func:`iter_texts`, read again on every iteration."""
+
+    def __init__(self, d: DataConfig, start: int, stop: int) -> None:
+        self.d, self.start, self.stop = d, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Iterator[str]:
+        return islice(iter_texts(self.d), self.start, self.stop)
+
+    def batches(self, size: int = 1000) -> Iterator[list[str]]:
+        it = iter(self)
+        while batch := list(islice(it, size)):
+            yield batch
+
+
+def stream_texts(d: DataConfig) -> dict[str, Any]:
+    """:func:`read_texts` without holding the train texts: ``{"train": TextRange, "val": list}``
+    (one pass counts the texts; the val split, the last ``val_fraction``, is kept in memory)."""
+    count = sum(1 for _ in iter_texts(d))
+    where = d.path or d.hf_name
+    if count < 2:
+        raise TkError(f"data: the corpus ({where}) has {count} non-empty text(s); the run needs at least 2 "
+                      f"(one for each of the train and val splits); give a longer corpus")
+    n_val = max(1, int(count * d.val_fraction))
+    return {"train": TextRange(d, 0, count - n_val), "val": list(islice(iter_texts(d), count - n_val, None))}
 
 
 def read_texts(d: DataConfig) -> dict[str, list[str]]:

@@ -29,12 +29,14 @@ from tk.plugins.mlm.data import (
     MLMTokenizerConfig,
     PackedTokens,
     SequenceDataset,
+    TextRange,
     check_data,
     corpus_identity,
     make_sequences,
     mask_tokens,
     pad_batch,
     read_texts,
+    stream_texts,
 )
 from tk.plugins.mlm.fill import PredictConfig, fill_masks
 from tk.plugins.mlm.metrics import MaskedLMMetrics
@@ -103,7 +105,7 @@ class MLMTask(Task):
     def texts(self) -> dict[str, list[str]]:
         """The train and val texts (read once, on first use)."""
         if self._texts is None:
-            self._texts = read_texts(self.data)
+            self._texts = stream_texts(self.data) if self.data.streaming else read_texts(self.data)
         return self._texts
 
     @property
@@ -123,7 +125,9 @@ class MLMTask(Task):
         d = self.data
         if split == "train" and d.pack and d.token_cache and d.source != "synthetic":
             store = TokenStore(self.tokenizer, corpus_identity(d), "", np.int32, add_special_tokens=False)
-            tokens, _, _ = store.build(texts[i: i + 1000] for i in range(0, len(texts), 1000))
+            batches = texts.batches() if isinstance(texts, TextRange) else \
+                (texts[i: i + 1000] for i in range(0, len(texts), 1000))
+            tokens, _, _ = store.build(batches)
             return PackedTokens(tokens, d.max_len, self.tokenizer.token_id("[CLS]"), self.tokenizer.token_id("[SEP]"))
         seqs, cut = make_sequences(self.tokenizer, texts, self.data.max_len, self.data.pack)
         if not seqs:

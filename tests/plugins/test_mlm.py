@@ -245,10 +245,11 @@ def test_predict_keeps_case_and_unknown_words(trained_run):
 
 
 @pytest.mark.slow
-def test_the_train_tokens_come_from_the_token_cache_and_train_as_without_it(tmp_path):
+def test_the_train_tokens_come_from_the_token_cache_and_train_as_without_it(tmp_path, monkeypatch):
     """data.token_cache (issue #36 item 3): the packed train sequences cut from the cached token
-    file are make_sequences' own, the losses equal a run without the cache, and a second run
-    finds the file instead of tokenising again."""
+    file are make_sequences' own, the losses equal a run without the cache, a second run finds
+    the file instead of tokenising again, and a streamed run (data.streaming: the corpus never
+    in memory) builds the same file in an empty cache and trains the same."""
     from tk.core.engine.inference import load_run
     from tk.plugins.mlm.data import make_sequences
 
@@ -263,9 +264,28 @@ def test_the_train_tokens_come_from_the_token_cache_and_train_as_without_it(tmp_
         rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         return [(r["step"], r.get("loss"), r.get("val/loss")) for r in rows]
 
-    assert losses("plain") == losses("cached") == losses("again") and len(losses("plain")) >= 6
+    monkeypatch.setenv("TK_CACHE", str(tmp_path / "empty_cache"))
+    result = run_cli(*args, "data.streaming=true", f"output_dir={tmp_path / 'streamed'}")
+    assert result.exit_code == 0, result.output
+    assert losses("plain") == losses("cached") == losses("again") == losses("streamed") and len(losses("plain")) >= 6
+    assert "from the cache" not in (tmp_path / "streamed" / "train.log").read_text()
     assert "from the cache" in (tmp_path / "again" / "train.log").read_text()
     task, _ = load_run(tmp_path / "cached")
     cached = task.build_dataset("train")
     seqs, _ = make_sequences(task.tokenizer, task.texts["train"], 16, True)
     assert type(cached).__name__ == "PackedTokens" and [cached[i]["input_ids"] for i in range(len(cached))] == seqs
+
+
+def test_a_streamed_hub_corpus_splits_as_the_downloaded_one(tmp_path):
+    import datasets
+
+    docs = ["the cat sat on the mat", "", "a dog ran in the park", "the bird sang"] * 20
+    folder = tmp_path / "hub_ds"
+    datasets.Dataset.from_dict({"body": docs}).save_to_disk(str(folder))
+    common = ["data.source=hf", f"data.hf_name={folder}", "data.text_column=body", "data.val_fraction=0.1"]
+    memory = make_task(tmp_path / "a", common).texts
+    streamed = make_task(tmp_path / "b", [*common, "data.streaming=true"]).texts
+    assert list(streamed["train"]) == memory["train"] and streamed["val"] == memory["val"]
+    assert len(streamed["train"]) == 54 and [len(b) for b in streamed["train"].batches(25)] == [25, 25, 4]
+    result = run_cli("validate", "mlm_synthetic", "data.streaming=true")
+    assert result.exit_code == 2 and "data.streaming needs data.source text or hf" in result.output
