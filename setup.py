@@ -58,6 +58,7 @@ setup(
         "numpy>=1.24",
         "matplotlib>=3.7",
         "webdataset>=0.2",  # image_classification data.source: webdataset (its tar shard format; braceexpand)
+        "optuna>=4.0",  # tk sweep: samplers, pruners, journal/RDB storage of a study
     ],
     extras_require={
         "test": ["pytest>=7.4", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",

@@ -23,6 +23,7 @@ import tk
 from tk.core.cli.export_cmd import export_cmd
 from tk.core.cli.group import CliGroup, debug_option, debug_requested
 from tk.core.cli.plugin_commands import describe_command
+from tk.core.cli.sweep_cmd import sweep_cmd
 from tk.core.cli.watch_cmds import plot_cmd, runs_cmd
 from tk.core.errors import TkError
 
@@ -362,6 +363,7 @@ def info_cmd(name: str, as_json: bool) -> None:
 cli.add_command(plot_cmd)
 cli.add_command(runs_cmd)
 cli.add_command(export_cmd)
+cli.add_command(sweep_cmd)
 
 
 def main() -> None:

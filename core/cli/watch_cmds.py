@@ -50,5 +50,22 @@ def runs_cmd(folder: str, as_json: bool, sort_metric: str | None) -> None:
     interrupted at step N / failed), steps, best metric and its step, wall time."""
     from tk.core.cli.runs import format_runs, list_runs
 
+    if (Path(folder) / "sweep.yaml").is_file():  # a tk sweep dir: its trials, best first
+        from tk.core.engine.sweep import trial_rows
+
+        rows = trial_rows(Path(folder))
+        click.echo(json.dumps(rows) if as_json else format_trials(rows))
+        return
     runs = list_runs(folder, sort=sort_metric)
     click.echo(json.dumps(runs) if as_json else format_runs(runs, folder))
+
+
+def format_trials(rows: list[dict]) -> str:
+    """A sweep's trials as a table: number, state, objective, parameters, run dir or error."""
+    lines = [f"{'trial':>5}  {'state':<8}  {'value':>10}  parameters"]
+    for r in rows:
+        value = f"{r['value']:.4f}" if r["value"] is not None else "-"
+        params = " ".join(f"{k}={f'{v:.4g}' if isinstance(v, float) else v}" for k, v in r["params"].items())
+        tail = f"  ({r['error']})" if r.get("error") else ""
+        lines.append(f"{r['trial']:>5}  {r['state']:<8}  {value:>10}  {params}{tail}")
+    return "\n".join(lines)

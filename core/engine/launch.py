@@ -21,6 +21,7 @@ from typing import Callable, Literal
 
 from tk.core.distributed import barrier, cleanup, init_distributed, ranks_not_seeing
 from tk.core.engine.checks import run_checks
+from tk.core.engine.sweep_trial import trial_reporting
 from tk.core.engine.train import Trainer
 from tk.core.errors import RunError, TkError
 from tk.core.recipe import load_config
@@ -163,7 +164,8 @@ def run_training(recipe: str, overrides: list[str], resume: bool | Literal["auto
         one_node = dist is not None and os.environ.get("LOCAL_WORLD_SIZE") == str(dist.world_size)
         procs_flag = ["--nproc-per-node", str(dist.world_size)] if one_node else []
         command = shlex.join(["tk", "run", str(recipe), *overrides, *procs_flag])
-        results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault)
+        with trial_reporting():  # a tk sweep trial: evaluations reported to its study (pruning)
+            results = _train(cfg, task_cls, run_dir, dist, resume, resume_from, existed, command, fault)
         if dist is not None:  # leave together: a rank tearing gloo down while a peer still uses it can abort
             barrier()
         return results

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Mapping
 
 from tk.core.errors import TkError
 
-__all__ = ["BestTracker"]
+__all__ = ["BestTracker", "evaluation_listener"]
+
+# step, results -> None, or the reason to stop the run now (a sweep's pruner)
+Listener = Callable[[int, Mapping[str, float]], "str | None"]
+_LISTENERS: list[Listener] = []
+
+
+@contextmanager
+def evaluation_listener(listener: Listener) -> Iterator[None]:
+    """Call ``listener(step, results)`` after every evaluation of the runs trained inside the
+    block (on every process, with the results every process agrees on); a returned string
+    stops the run after that evaluation (as an early stop), the string its message."""
+    _LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _LISTENERS.remove(listener)
 
 
 class BestTracker:
@@ -26,6 +44,7 @@ class BestTracker:
         self.value: float | None = None
         self.step: int | None = None
         self.evals_since = 0  # evaluations since the best one
+        self.stopped_by: str | None = None  # an evaluation listener's reason to stop
 
     def update(self, results: Mapping[str, float], step: int) -> bool:
         """Fold in one evaluation's results, taken at ``step``.
@@ -45,15 +64,19 @@ class BestTracker:
             self.value, self.step, self.evals_since = value, step, 0
         else:
             self.evals_since += 1
+        for listener in list(_LISTENERS):
+            self.stopped_by = listener(step, results) or self.stopped_by
         return improved
 
     @property
     def should_stop(self) -> bool:
         """Whether ``patience`` evaluations in a row brought no improvement."""
-        return bool(self.patience) and self.evals_since >= self.patience
+        return self.stopped_by is not None or (bool(self.patience) and self.evals_since >= self.patience)
 
     def stop_message(self, step: int) -> str:
         """The line that announces an early stop at ``step``."""
+        if self.stopped_by is not None:
+            return self.stopped_by
         return (f"early stop at step {step}: {self.key} did not improve for {self.patience} evaluations "
                 f"(best {self.value:.4f} at step {self.step})")
 

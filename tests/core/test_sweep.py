@@ -1,0 +1,179 @@
+"""tk sweep (issue #37): the space file, the checks before any trial, a sweep that searches,
+the pruner, two workers on one study, a killed sweep resumed, and the views of a sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tk.core.cli import cli
+from tk.core.engine.search_space import load_space
+from tk.core.errors import TkError
+
+TK = str(Path(sys.executable).with_name("tk"))
+# a tiny quickstart run: 8 updates of 16 generated 16-px images, an evaluation every 2
+TINY = ["model.dim=16", "model.depth=1", "model.num_heads=2", "model.patch_size=4", "data.img_size=16",
+        "data.num_train=128", "data.num_val=32", "train.max_steps=8", "train.batch_size=16",
+        "train.eval_batch_size=32", "train.eval_every=2", "train.log_every=2", "train.num_workers=0"]
+
+
+def write_space(path: Path, **space) -> Path:
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+@pytest.mark.parametrize("space, message", [
+    ({"params": {"optim.lr": {"low": 0.1, "high": 0.01}}}, "params.optim.lr: the range is empty"),
+    ({"params": {"optim.lr": {"low": 0.0, "high": 0.1, "log": True}}}, "a log range needs low > 0"),
+    ({"params": {"optim.lr": {"choices": []}}}, "choices must be a non-empty list"),
+    ({"params": {"optim.lr": {"low": 0.1}}}, "give low and high"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2, "scale": "log"}}}, r"unknown field\(s\) \['scale'\]"),
+    ({"params": {"train.epochs": 3}}, "every param is fixed"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}, "sampler": "cmaes"}, "sampler 'cmaes' is not one of"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}, "pruner": "x"}, "pruner 'x' is not one of"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}, "sampler": "grid"}, "sampler grid needs a step"),
+    ({"parms": {}}, r"unknown field\(s\) \['parms'\]"),
+])
+def test_space_file_problems_are_one_line(tmp_path, space, message):
+    with pytest.raises(TkError, match=message):
+        load_space(write_space(tmp_path / "s.yaml", **space))
+
+
+def test_a_space_parses_ranges_choices_and_fixed_keys(tmp_path):
+    space = load_space(write_space(tmp_path / "s.yaml", params={
+        "optim.lr": {"low": 1e-4, "high": 1e-2, "log": True}, "train.batch_size": {"low": 16, "high": 64, "step": 16},
+        "model.dropout": {"choices": [0.0, 0.1]}, "train.epochs": 3}))
+    kinds = {p.key: p.kind for p in space.params}
+    assert kinds == {"optim.lr": "float", "train.batch_size": "int", "model.dropout": "categorical",
+                     "train.epochs": "fixed"}
+    assert sorted(space.overrides({"optim.lr": 0.001, "train.batch_size": 32, "model.dropout": 0.1})) == \
+        ["model.dropout=0.1", "optim.lr=0.001", "train.batch_size=32", "train.epochs=3"]
+    with pytest.raises(TkError, match="sampler grid needs a step"):
+        space.grid()
+
+
+@pytest.mark.parametrize("space, extra, message", [
+    ({"params": {"optim.lrr": {"low": 1e-3, "high": 1e-2}}}, [], "optim.lrr"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}, "metric": "val/bleu"}, [], "val/bleu"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}}, ["--storage", "postgresql://u@127.0.0.1:1/x"],
+     "--storage: cannot open postgresql://u@127.0.0.1:1/x"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}}, ["--storage", "/no/such/folder/s.journal"],
+     "--storage: the folder of /no/such/folder/s.journal does not exist"),
+])
+def test_bad_sweep_inputs_are_one_line_before_any_trial(tmp_path, space, extra, message):
+    result = CliRunner().invoke(cli, ["sweep", "quickstart", "--space", str(write_space(tmp_path / "s.yaml", **space)),
+                                      "--trials", "2", "--dir", str(tmp_path / "sweep"), *extra])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not list((tmp_path / "sweep").glob("trial_*"))
+
+
+def sweep(tmp_path: Path, space: dict, trials: int, *extra: str, dir_name: str = "sweep", **kw):
+    path = write_space(tmp_path / f"{dir_name}.yaml", **space)
+    return subprocess.run([TK, "sweep", "quickstart", *TINY, "--space", str(path), "--trials", str(trials),
+                           "--dir", str(tmp_path / dir_name), *extra], capture_output=True, text=True, timeout=900,
+                          **kw)
+
+
+def rows(sweep_dir: Path) -> list[dict]:
+    result = CliRunner().invoke(cli, ["runs", str(sweep_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.mark.slow
+def test_a_six_trial_sweep_finds_a_better_lr_than_its_worst_and_each_trial_is_a_run(tmp_path):
+    space = {"params": {"optim.lr": {"low": 1e-5, "high": 3e-1, "log": True}}, "sampler": "random", "seed": 1,
+             "metric": "val/loss"}
+    done = sweep(tmp_path, space, 6)
+    assert done.returncode == 0, done.stderr[-2000:]
+    trials = rows(tmp_path / "sweep")
+    assert len(trials) == 6 and all(t["state"] == "complete" for t in trials)
+    values = [t["value"] for t in trials]
+    assert values == sorted(values) and values[0] < values[-1]  # tk runs: best first
+    best = trials[0]
+    config = yaml.safe_load((Path(best["run_dir"]) / "config.yaml").read_text())
+    assert config["optim"]["lr"] == pytest.approx(best["params"]["optim.lr"])
+    assert config["train"]["best_metric"] == "val/loss"
+    evaluated = CliRunner().invoke(cli, ["eval", best["run_dir"], "--json"])  # a trial is a normal run
+    assert evaluated.exit_code == 0 and json.loads(evaluated.output)["val/loss"] == pytest.approx(best["value"])
+    shown = CliRunner().invoke(cli, ["sweep", "--show", str(tmp_path / "sweep")])
+    assert shown.exit_code == 0 and f"best: trial {best['trial']}" in shown.output
+    assert (tmp_path / "sweep" / "history.png").stat().st_size > 0 and (tmp_path / "sweep" / "params.png").is_file()
+
+
+def grid_seed_with_last(choices: list[float], last: float) -> int:
+    """A GridSampler seed whose order tries ``last`` last (the pruner needs the others first)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for seed in range(100):
+        study = optuna.create_study(sampler=optuna.samplers.GridSampler({"optim.lr": choices}, seed=seed))
+        order = [study.ask().suggest_categorical("optim.lr", choices) for _ in choices]
+        if order[-1] == last:
+            return seed
+    raise AssertionError("no seed")
+
+
+@pytest.mark.slow
+def test_the_median_pruner_stops_a_diverging_trial_early(tmp_path):
+    choices = [0.001, 0.002, 50.0]
+    space = {"params": {"optim.lr": {"choices": choices}}, "sampler": "grid", "pruner": "median",
+             "seed": grid_seed_with_last(choices, 50.0), "metric": "val/loss"}
+    done = sweep(tmp_path, space, 3, "optim.name=sgd", "train.clip_grad_norm=null")
+    assert done.returncode == 0, done.stderr[-2000:]
+    by_lr = {t["params"]["optim.lr"]: t for t in rows(tmp_path / "sweep")}
+    assert by_lr[50.0]["state"] == "pruned" and by_lr[0.001]["state"] == "complete"
+
+    def updates(trial):
+        status = json.loads((Path(trial["run_dir"]) / "status.json").read_text())
+        return status["step"]
+
+    assert updates(by_lr[50.0]) < updates(by_lr[0.001]) == 8
+    assert "pruned at step" in (Path(by_lr[50.0]["run_dir"]) / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_journal_run_distinct_trials_that_sum_to_n(tmp_path):
+    space = {"params": {"optim.lr": {"low": 1e-4, "high": 1e-2, "log": True}}, "sampler": "random"}
+    done = sweep(tmp_path, space, 4, "--jobs", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    trials = rows(tmp_path / "sweep")
+    assert sorted(t["trial"] for t in trials) == [0, 1, 2, 3] and all(t["state"] == "complete" for t in trials)
+    assert len({t["run_dir"] for t in trials}) == 4 and len(list((tmp_path / "sweep").glob("trial_*"))) == 4
+    assert len({t["params"]["optim.lr"] for t in trials}) == 4
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_its_trial_and_ends_with_exactly_n(tmp_path):
+    space = {"params": {"optim.lr": {"low": 1e-4, "high": 1e-2, "log": True}}, "sampler": "random"}
+    args = ["train.max_steps=40", "train.save_every=1"]
+    path = write_space(tmp_path / "sweep.yaml", **space)
+    command = [TK, "sweep", "quickstart", *TINY, *args, "--space", str(path), "--trials", "3",
+               "--dir", str(tmp_path / "sweep")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    checkpoint = tmp_path / "sweep" / "trial_0001" / "checkpoints" / "step_00000005.pt"
+    deadline = time.monotonic() + 600
+    while not checkpoint.exists():
+        assert proc.poll() is None, f"the sweep ended before the test could kill it: {proc.communicate()}"
+        assert time.monotonic() < deadline, "timed out waiting for the sweep"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its trial, abruptly
+    proc.wait(timeout=60)
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "trial 1 (resumed)" in resumed.stdout
+    trials = rows(tmp_path / "sweep")
+    assert sorted(t["trial"] for t in trials) == [0, 1, 2] and all(t["state"] == "complete" for t in trials)
+    log = (tmp_path / "sweep" / "trial_0001" / "train.log").read_text()
+    assert "resum" in log.lower()  # continued from its checkpoint, not started again
