@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from tk.core.engine.sweep import SWEEP_FILE, open_study, trial_rows
+from tk.core.engine.study import open_study
+from tk.core.engine.sweep import SWEEP_FILE, trial_rows
 from tk.core.errors import TkError
 
 __all__ = ["show_sweep"]

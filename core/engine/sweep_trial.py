@@ -35,7 +35,7 @@ class TrialReporter:
         self.pruning = spec.get("pruner", "none") != "none"
         self.trial = None
         if not dist.is_initialized() or dist.get_rank() == 0:
-            from tk.core.engine.sweep import open_study, trial_handle  # optuna: only a trial process needs it
+            from tk.core.engine.study import open_study, trial_handle  # optuna: only a trial process needs it
 
             self.trial = trial_handle(open_study(spec), self.number)
 
