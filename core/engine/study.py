@@ -40,14 +40,16 @@ def open_storage(url: str) -> Any:
     return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
 
 
-def build_sampler(space: SearchSpace) -> Any:
+def build_sampler(space: SearchSpace, seed: int | None = None) -> Any:
+    """The space's sampler, seeded by ``seed`` (default: the space's)."""
     import optuna
 
+    seed = space.seed if seed is None else seed
     if space.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=space.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     if space.sampler == "grid":
-        return optuna.samplers.GridSampler(space.grid(), seed=space.seed)
-    return optuna.samplers.TPESampler(seed=space.seed)
+        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def build_pruner(name: str) -> Any:

@@ -139,6 +139,8 @@ def _next_trial(sweep: Sweep, study: Any, resume: bool) -> tuple[int, dict[str, 
                     return t.number, dict(t.params), True
         if len(trials) >= sweep.trials:
             return None
+        # a sampler seeded by the trial's number: workers on other machines draw other values, reproducibly
+        study.sampler = build_sampler(sweep.space, sweep.space.seed + len(trials))
         trial = study.ask()
         params = {p.key: p.suggest(trial) for p in sweep.space.searched}
         trial.set_user_attr("run_dir", str(sweep.sweep_dir / f"trial_{trial.number:04d}"))
@@ -196,6 +198,9 @@ def run_worker(sweep: Sweep, study: Any, resume: bool, echo: Callable[[str], Non
                 state, value = _outcome(sweep, study, number)
             else:
                 state, value = "failed", None
+            # GridSampler.after_trial calls study.stop() once the grid is done, which raises outside
+            # study.optimize (and would lose the trial's state): tell through a sampler without hooks
+            study.sampler = optuna.samplers.RandomSampler()
             if state == "complete":
                 study.tell(number, value)
             elif state == "pruned":

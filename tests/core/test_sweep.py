@@ -105,20 +105,27 @@ def test_a_six_trial_sweep_finds_a_better_lr_than_its_worst_and_each_trial_is_a_
     assert config["optim"]["lr"] == pytest.approx(best["params"]["optim.lr"])
     assert config["train"]["best_metric"] == "val/loss"
     evaluated = CliRunner().invoke(cli, ["eval", best["run_dir"], "--json"])  # a trial is a normal run
-    assert evaluated.exit_code == 0 and json.loads(evaluated.output)["val/loss"] == pytest.approx(best["value"])
+    assert evaluated.exit_code == 0 and json.loads(evaluated.output)["metrics"]["val/loss"] == pytest.approx(best["value"])
     shown = CliRunner().invoke(cli, ["sweep", "--show", str(tmp_path / "sweep")])
     assert shown.exit_code == 0 and f"best: trial {best['trial']}" in shown.output
     assert (tmp_path / "sweep" / "history.png").stat().st_size > 0 and (tmp_path / "sweep" / "params.png").is_file()
 
 
 def grid_seed_with_last(choices: list[float], last: float) -> int:
-    """A GridSampler seed whose order tries ``last`` last (the pruner needs the others first)."""
+    """A space seed whose grid order tries ``last`` last (the pruner needs the others first):
+    tk sweep seeds trial n's GridSampler with seed + n."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for seed in range(100):
-        study = optuna.create_study(sampler=optuna.samplers.GridSampler({"optim.lr": choices}, seed=seed))
-        order = [study.ask().suggest_categorical("optim.lr", choices) for _ in choices]
+        study = optuna.create_study()
+        order = []
+        for n in range(len(choices)):
+            study.sampler = optuna.samplers.GridSampler({"optim.lr": choices}, seed=seed + n)
+            trial = study.ask()
+            order.append(trial.suggest_categorical("optim.lr", choices))
+            study.sampler = optuna.samplers.RandomSampler()
+            study.tell(trial, 0.0)
         if order[-1] == last:
             return seed
     raise AssertionError("no seed")
