@@ -70,12 +70,27 @@ class BatchStream:
         self.batch = 0  # batches consumed in the current pass
         self._it: Iterator | None = None
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
+    def state_dict(self) -> dict[str, Any]:
+        lanes = self._stream_lanes()
+        return {"epoch": self.epoch, "batch": self.batch} | ({"stream_lanes": lanes} if lanes else {})
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at ``state``'s position. A streamed pass (``StreamingDataset``) was ordered for
+        its processes and loader workers: resuming it with others is refused (one line)."""
+        saved, lanes = state.get("stream_lanes"), self._stream_lanes()
+        if saved is not None and lanes is not None and list(saved) != list(lanes):
+            raise TkError(f"the streamed run was saved with train.num_workers={saved[0]} on {saved[1]} process(es) "
+                          f"and resumes with {lanes[0]} on {lanes[1]}; the order of a stream depends on both, so "
+                          f"resume with train.num_workers={saved[0]} on {saved[1]} process(es)")
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
         self._it = None
+
+    def _stream_lanes(self) -> list[int] | None:
+        """[loader workers, processes] of a streamed loader (its order depends on them), else None."""
+        dataset = getattr(self.loader, "dataset", None)
+        if not isinstance(dataset, IterableDataset) or not hasattr(dataset, "world_size"):
+            return None
+        return [int(getattr(self.loader, "num_workers", 0)), int(dataset.world_size)]
 
     def next(self) -> Any:
         """The next micro-batch (on the host)."""

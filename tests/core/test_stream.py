@@ -113,3 +113,19 @@ def test_the_engine_resumes_a_streamed_loader_without_replaying(monkeypatch):
     monkeypatch.setattr(ds, "transform", lambda x: calls.append(x) or torch.tensor(x))
     assert [resumed.next().tolist() for _ in range(len(loader) - 4)] == full[len(loader) + 4:]
     assert len(calls) == (len(loader) - 4) * 4  # only the batches after the position were transformed
+
+
+def test_resuming_a_stream_with_other_loader_workers_is_refused():
+    from tk.core.errors import TkError
+    from tk.core.training.batches import BatchStream
+
+    def stream(workers: int) -> BatchStream:
+        ds = StreamingDataset(shards(), buffer_size=8)
+        loader = build_loader(ds, LoaderSpec(batch_size=4, shuffle=True, drop_last=True, num_workers=workers))
+        return BatchStream(loader, len(loader))
+
+    state = stream(2).state_dict()
+    assert state == {"epoch": 0, "batch": 0, "stream_lanes": [2, 1]}
+    stream(2).load_state_dict(state)
+    with pytest.raises(TkError, match=r"saved with train.num_workers=2 on 1 process\(es\) and resumes with 0 on 1"):
+        stream(0).load_state_dict(state)

@@ -192,3 +192,17 @@ def test_two_process_trials_run_the_sampled_values_on_every_rank(tmp_path):
     assert "updates of 16 x 1 x 2 samples" in log  # batch 16, no accumulation, 2 processes
     config = yaml.safe_load((Path(trial["run_dir"]) / "config.yaml").read_text())
     assert config["optim"]["lr"] == pytest.approx(trial["params"]["optim.lr"])
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_recorded_with_its_line_and_the_sweep_goes_on(tmp_path):
+    """A sampled value the model refuses (3 heads do not divide width 16) fails its trial with
+    tk's one line; the other trials still run."""
+    space = {"params": {"model.num_heads": {"choices": [2, 3]}}, "sampler": "grid", "metric": "val/loss"}
+    done = sweep(tmp_path, space, 2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    by_heads = {t["params"]["model.num_heads"]: t for t in rows(tmp_path / "sweep")}
+    assert by_heads[2]["state"] == "complete" and by_heads[3]["state"] == "fail"
+    assert "num_heads" in by_heads[3]["error"] and "\n" not in by_heads[3]["error"]
+    listed = CliRunner().invoke(cli, ["runs", str(tmp_path / "sweep")])
+    assert "fail" in listed.output and "num_heads" in listed.output
