@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -91,10 +91,19 @@ def _claim_path(sweep: Sweep, number: int) -> Path:
     return sweep.sweep_dir / ".claims" / f"trial_{number:04d}.lock"
 
 
-def _orphaned(sweep: Sweep, number: int) -> bool:
-    """A RUNNING trial whose worker is gone (its claim lock is free)."""
-    with _flock(_claim_path(sweep, number), block=False) as free:
-        return free
+def _claim(sweep: Sweep, number: int) -> IO | None:
+    """Hold trial ``number``'s claim (an open file under ``flock``, released when it is closed
+    or this process dies); None when another live worker holds it."""
+    path = _claim_path(sweep, number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    if fcntl is not None:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+    return f
 
 
 # -- the sweep ----------------------------------------------------------------------------------
@@ -127,16 +136,18 @@ def prepare_sweep_dir(sweep: Sweep, resume: bool) -> Any:
                                direction=sweep.direction, load_if_exists=True)
 
 
-def _next_trial(sweep: Sweep, study: Any, resume: bool) -> tuple[int, dict[str, Any], bool] | None:
-    """(number, params, resumed) of the trial to run next, or None when ``--trials`` have started."""
+def _next_trial(sweep: Sweep, study: Any, resume: bool) -> tuple[int, dict[str, Any], bool, IO] | None:
+    """(number, params, resumed, claim) of the trial to run next, its claim held, or None when
+    ``--trials`` have started. Asking and claiming happen under one lock, so no other worker
+    on this machine sees the new trial unclaimed."""
     import optuna
 
     with _flock(sweep.sweep_dir / ".ask.lock"):
         trials = study.get_trials(deepcopy=False)
         if resume:
             for t in trials:
-                if t.state == optuna.trial.TrialState.RUNNING and _orphaned(sweep, t.number):
-                    return t.number, dict(t.params), True
+                if t.state == optuna.trial.TrialState.RUNNING and (claim := _claim(sweep, t.number)) is not None:
+                    return t.number, dict(t.params), True, claim  # its worker is gone
         if len(trials) >= sweep.trials:
             return None
         # a sampler seeded by the trial's number: workers on other machines draw other values, reproducibly
@@ -144,7 +155,7 @@ def _next_trial(sweep: Sweep, study: Any, resume: bool) -> tuple[int, dict[str, 
         trial = study.ask()
         params = {p.key: p.suggest(trial) for p in sweep.space.searched}
         trial.set_user_attr("run_dir", str(sweep.sweep_dir / f"trial_{trial.number:04d}"))
-        return trial.number, params, False
+        return trial.number, params, False, _claim(sweep, trial.number)
 
 
 def _command(sweep: Sweep, number: int, params: dict[str, Any], resumed: bool) -> list[str]:
@@ -178,10 +189,8 @@ def run_worker(sweep: Sweep, study: Any, resume: bool, echo: Callable[[str], Non
     logs = sweep.sweep_dir / "logs"
     logs.mkdir(exist_ok=True)
     while (picked := _next_trial(sweep, study, resume)) is not None:
-        number, params, resumed = picked
-        with _flock(_claim_path(sweep, number), block=False) as mine:
-            if not mine:  # another worker took it over first
-                continue
+        number, params, resumed, claim = picked
+        with claim:
             start = time.monotonic()
             env = {**os.environ, TRIAL_ENV: json.dumps(sweep.trial_spec(number))}
             with open(logs / f"trial_{number:04d}.log", "ab") as log:

@@ -162,11 +162,20 @@ def _label_member(members: dict[str, tarfile.TarInfo]) -> tarfile.TarInfo | None
 
 
 def _label(tar: tarfile.TarFile, member: tarfile.TarInfo, shard: Path) -> int:
-    text = tar.extractfile(member).read().decode("utf-8").strip()
+    return parse_label(tar.extractfile(member).read(), member.name, shard)
+
+
+def parse_label(raw: bytes, member: str, shard: Any) -> int:
+    """A sample's label: the integer of its ``.cls``, or the ``label`` of its ``.json``.
+
+    Raises:
+        TkError: anything else, naming the shard and member.
+    """
+    text = raw.decode("utf-8", errors="replace").strip()
     try:
         value = json.loads(text)
         value = value["label"] if isinstance(value, dict) else value
         return int(value)
     except (ValueError, KeyError, TypeError):
-        raise TkError(f"shard {shard}: {member.name} holds {text[:40]!r}, not an integer label (.cls: the label; "
+        raise TkError(f"shard {shard}: {member} holds {text[:40]!r}, not an integer label (.cls: the label; "
                       f".json: {{\"label\": N}})") from None

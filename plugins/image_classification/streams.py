@@ -28,7 +28,7 @@ from tk.core.data.stream import StreamingDataset
 from tk.core.errors import TkError
 from tk.core.text.hub import load_hub_dataset
 from tk.core.text.token_store import cache_root
-from tk.plugins.image_classification.sources import IMAGE_EXTENSIONS
+from tk.plugins.image_classification.sources import IMAGE_EXTENSIONS, parse_label
 
 __all__ = ["HubImageStream", "TarStream", "build_stream"]
 
@@ -85,7 +85,7 @@ class TarStream:
                     if ext in IMAGE_EXTENSIONS and image is None:
                         image = tar.extractfile(member).read() if wanted(n) else b""
                     elif ext in _LABEL_EXTENSIONS and label is None:
-                        label = _parse_label(tar.extractfile(member).read(), member.name, self.url)
+                        label = parse_label(tar.extractfile(member).read(), member.name, self.url)
                 if image is not None and label is not None:
                     yield n, image or None, label
         except (tarfile.TarError, OSError, EOFError) as e:
@@ -115,16 +115,6 @@ class TarStream:
         except OSError:  # a read-only cache only costs a census per run
             pass
         return count, top
-
-
-def _parse_label(raw: bytes, member: str, url: str) -> int:
-    text = raw.decode("utf-8", errors="replace").strip()
-    try:
-        value = json.loads(text)
-        return int(value["label"] if isinstance(value, dict) else value)
-    except (ValueError, KeyError, TypeError):
-        raise TkError(f"shard {url}: {member} holds {text[:40]!r}, not an integer label (.cls: the label; "
-                      f".json: {{\"label\": N}})") from None
 
 
 class HubImageStream:

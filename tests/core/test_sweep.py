@@ -4,11 +4,8 @@ the pruner, two workers on one study, a killed sweep resumed, and the views of a
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,8 @@ from click.testing import CliRunner
 from tk.core.cli import cli
 from tk.core.engine.search_space import load_space
 from tk.core.errors import TkError
+
+from ..kill import kill_when
 
 TK = str(Path(sys.executable).with_name("tk"))
 # a tiny quickstart run: 8 updates of 16 generated 16-px images, an evaluation every 2
@@ -160,16 +159,7 @@ def test_a_killed_sweep_resumes_its_trial_and_ends_with_exactly_n(tmp_path):
     path = write_space(tmp_path / "sweep.yaml", **space)
     command = [TK, "sweep", "quickstart", *TINY, *args, "--space", str(path), "--trials", "2",
                "--dir", str(tmp_path / "sweep")]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    checkpoint = tmp_path / "sweep" / "trial_0001" / "checkpoints" / "step_00000005.pt"
-    deadline = time.monotonic() + 600
-    while not checkpoint.exists():
-        assert proc.poll() is None, f"the sweep ended before the test could kill it: {proc.communicate()}"
-        assert time.monotonic() < deadline, "timed out waiting for the sweep"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its trial, abruptly
-    proc.wait(timeout=60)
+    kill_when(command, tmp_path / "sweep" / "trial_0001" / "checkpoints" / "step_00000005.pt", timeout=600)
     resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "trial 1 (resumed)" in resumed.stdout

@@ -5,12 +5,9 @@ SIGKILLed streamed run that resumes with every logged loss equal to an uninterru
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +21,7 @@ from tk.plugins.image_classification.data import DataConfig
 from tk.plugins.image_classification.sources import TarShards, expand_shards
 from tk.plugins.image_classification.streams import TarStream, build_stream
 
+from ..kill import kill_when
 from .test_image_sources import NAMES, TINY, hf_dataset, picture, write_shards
 
 TK = str(Path(sys.executable).with_name("tk"))
@@ -120,15 +118,8 @@ def test_a_sigkilled_streamed_run_resumes_exactly(shards, tmp_path, procs, worke
     done = subprocess.run([TK, "run", *args, f"output_dir={ref}", *launch], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    proc = subprocess.Popen([TK, "run", *args, f"output_dir={killed}", "train.save_every=1", *launch],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "step_00000006.pt").exists():
-        assert proc.poll() is None, f"the run ended before the test could kill it: {proc.communicate()}"
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_when([TK, "run", *args, f"output_dir={killed}", "train.save_every=1", *launch],
+              killed / "checkpoints" / "step_00000006.pt")
     resumed = subprocess.run([TK, "run", *args, f"output_dir={killed}", "--resume", *launch], capture_output=True,
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -6,11 +6,8 @@ on 1 and 2 processes."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from tk.core.engine.inference import load_run
 from tk.core.errors import TkError
 from tk.plugins.text_classification.synthetic import synthetic_rows
 
+from ..kill import kill_when
 from .test_text_classification import SMALL_RUN, run_cli, write_tsv
 
 TK = str(Path(sys.executable).with_name("tk"))
@@ -74,15 +72,8 @@ def test_a_sigkilled_streamed_text_run_resumes_exactly(files, tmp_path, procs, w
     done = subprocess.run([TK, "run", *common, f"output_dir={ref}", *launch], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    proc = subprocess.Popen([TK, "run", *common, f"output_dir={killed}", "train.save_every=1", *launch],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "step_00000006.pt").exists():
-        assert proc.poll() is None, f"the run ended before the test could kill it: {proc.communicate()}"
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_when([TK, "run", *common, f"output_dir={killed}", "train.save_every=1", *launch],
+              killed / "checkpoints" / "step_00000006.pt")
     resumed = subprocess.run([TK, "run", *common, f"output_dir={killed}", "--resume", *launch],
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -164,15 +155,8 @@ def test_a_sigkilled_streamed_translation_run_resumes_exactly(parallel, tmp_path
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     done = subprocess.run([TK, "run", *common, f"output_dir={ref}"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    proc = subprocess.Popen([TK, "run", *common, f"output_dir={killed}", "train.save_every=1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "step_00000006.pt").exists():
-        assert proc.poll() is None, f"the run ended before the test could kill it: {proc.communicate()}"
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_when([TK, "run", *common, f"output_dir={killed}", "train.save_every=1"],
+              killed / "checkpoints" / "step_00000006.pt")
     resumed = subprocess.run([TK, "run", *common, f"output_dir={killed}", "--resume"], capture_output=True,
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
