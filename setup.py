@@ -61,7 +61,7 @@ setup(
         "optuna>=4.0",  # tk sweep: samplers, pruners, journal/RDB storage of a study
     ],
     extras_require={
-        "test": ["pytest>=7.4", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",
+        "test": ["pytest>=7.4", "pytest-xdist>=3.0", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",
                  "onnxruntime>=1.18"],  # tensorboard: the logger tests read its event files; onnx*: tk export
         "tensorboard": ["tensorboard>=2.14"],  # train.loggers: [tensorboard]
         "wandb": ["wandb>=0.17"],  # train.loggers: [wandb]

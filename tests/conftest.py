@@ -13,7 +13,8 @@ import pytest
 import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ.setdefault("TK_CACHE", tempfile.mkdtemp(prefix="tk-test-cache-"))  # tests never write ~/.cache/tk
+# tests never write ~/.cache/tk; each pytest-xdist worker has its own cache (no two builds of one token file at once)
+os.environ["TK_CACHE"] = tempfile.mkdtemp(prefix=f"tk-test-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
 TOY_PLUGIN = textwrap.dedent('''
     """A toy task for tk's tests: classify Gaussian blobs with a small MLP."""
