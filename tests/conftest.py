@@ -13,6 +13,9 @@ import pytest
 import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: threads of two workers on one core thrash (5-10x slower)
+    os.environ["OMP_NUM_THREADS"] = "1"  # the runs tests start in subprocesses too
+    torch.set_num_threads(1)
 # tests never write ~/.cache/tk; each pytest-xdist worker has its own cache (no two builds of one token file at once)
 os.environ["TK_CACHE"] = tempfile.mkdtemp(prefix=f"tk-test-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
