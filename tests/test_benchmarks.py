@@ -24,6 +24,7 @@ CASES = {
     "translation": ["--quick", "--reps", "1"],
     "tokenise": ["--quick"],
     "packing": ["--quick"],
+    "image_pipeline": ["--quick", "--reps", "1"],
 }
 
 

@@ -67,6 +67,7 @@ class DataConfig:
     shards: dict[str, Any] | None = None  # webdataset: tk split -> .tar shards (local; any fsspec URL with streaming), a brace pattern or a list, e.g. {train: "d/train-{0000..0009}.tar"}
     streaming: bool = False  # hf/webdataset: read the samples in order as they come (remote shards, a streamed hub split) instead of by random access; resumes at the batch
     shuffle_buffer: int = 1000  # streaming: samples shuffled together in training (one buffer of raw samples per loader worker)
+    pipeline: Literal["workers", "device"] = "workers"  # augment per image with PIL in loader workers, or decode the split once into memory and crop/flip/erase per sample in batch on the training device (in-memory sets; a GPU's pace)
     class_names: list[str] | None = None  # hf/webdataset: the label names in order; null: the ClassLabel's names (hf) or "0", "1", ... (webdataset)
 
 
@@ -102,8 +103,27 @@ def check_data(data: DataConfig) -> list[str]:
                         f"data.source hf or webdataset (or set data.streaming=false)")
     if data.shuffle_buffer < 1:
         problems.append(f"data.shuffle_buffer ({data.shuffle_buffer}) must be >= 1")
+    if data.pipeline == "device":
+        problems += _device_pipeline_problems(data)
     if data.class_names is not None and len(set(data.class_names)) != len(data.class_names):
         problems.append(f"data.class_names: names repeat ({data.class_names[:10]}); give each label its own name")
+    return problems
+
+
+def _device_pipeline_problems(data: DataConfig) -> list[str]:
+    """What ``data.pipeline: device`` cannot do: it holds the split in memory at its stored size
+    and has no PIL-only augmentation."""
+    problems = []
+    if data.streaming:
+        problems.append("data.pipeline: device holds the decoded split in memory; a streamed split is not; set "
+                        "data.pipeline=workers or data.streaming=false")
+    if data.auto_augment:
+        problems.append(f"data.auto_augment ({data.auto_augment}): RandAugment/AutoAugment run on PIL images in "
+                        f"the loader workers, not in data.pipeline=device; set data.auto_augment=null or "
+                        f"data.pipeline=workers")
+    if data.crop == "rrc":
+        problems.append("data.crop: rrc crops the full-resolution image, which data.pipeline=device does not keep; "
+                        "use data.crop=pad or none, or data.pipeline=workers")
     return problems
 
 

@@ -10,9 +10,10 @@ from typing import Any, ClassVar
 import timm
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from tk.core.config import did_you_mean
+from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.distill import check_same_teacher
 from tk.core.engine.inference import SourceRun, read_record, write_record
 from tk.core.errors import TkError
@@ -29,6 +30,7 @@ from tk.plugins.image_classification.data import (
     check_data,
     check_not_empty,
 )
+from tk.plugins.image_classification.device_pipeline import BatchAugment, decode_split, stacked, stored_transform
 from tk.plugins.image_classification.distill import (
     DistillConfig,
     check_distill,
@@ -79,6 +81,7 @@ class ImageClassificationTask(Task):
         self.loss_cfg: LossConfig = self.sections.get("loss") or LossConfig()
         self._class_names: list[str] | None = None
         self._mixup: Any = None
+        self._augment: BatchAugment | None = None  # data.pipeline=device: the batch augmentation
         self._data_config: dict[str, Any] | None = None
         self.distill_cfg: DistillConfig = self.sections.get("distill") or DistillConfig()
         self._teacher_record: dict[str, str] | None = None  # {"teacher", "sha256"} of this run's teacher
@@ -221,6 +224,8 @@ class ImageClassificationTask(Task):
         data = self.data
         if data.source == "webdataset" and data.class_names is None and split != "train":  # labels 0.. of train
             data = dataclasses.replace(data, class_names=self.class_names)
+        if data.pipeline == "device":
+            return self._decoded(split)
         if data.streaming:  # already yields the item dicts
             base = build_stream(data, split, self._transform(split == "train"), data.class_names)
         else:
@@ -232,8 +237,37 @@ class ImageClassificationTask(Task):
                           f"{self._class_names[:10]}...; every split needs the same class folders")
         return base if data.streaming else DictDataset(base)
 
+    def _decoded(self, split: str, num_workers: int = 0) -> Dataset:
+        """``data.pipeline=device``: the split decoded once into a uint8 tensor (training images
+        at ``img_size``; evaluation ones through the eval geometry), augmented by ``transform_batch``."""
+        dc = self.data_config
+        crop_pct = 1.0 if split == "train" else dc["crop_pct"]
+        base = build_source_dataset(self.data, split, stored_transform(self.data.img_size, dc["interpolation"], crop_pct))
+        check_not_empty(base, self.data.source, split)
+        decoded = decode_split(base, num_workers, f"{split} images")
+        if self._class_names is not None and getattr(decoded, "classes", self._class_names) != self._class_names:
+            raise TkError(f"the {split!r} split has classes {decoded.classes[:10]}... but the model was built for "
+                          f"{self._class_names[:10]}...; every split needs the same class folders")
+        return decoded
+
+    def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
+        """The core loader; with ``data.pipeline=device`` over the decoded split, a batch gathered at
+        once in this process (its loader workers, if any, decode the split once)."""
+        if self.data.pipeline != "device":
+            return super().build_loader(split, spec)
+        decoded = self._decoded(split, spec.num_workers)
+        return build_loader(decoded, dataclasses.replace(spec, num_workers=0), collate_fn=stacked)
+
     def transform_batch(self, batch: dict[str, Any], training: bool) -> dict[str, Any]:
-        """Mixup/CutMix in training (labels become (B, C) soft targets); identity otherwise."""
+        """Mixup/CutMix in training (labels become (B, C) soft targets); identity otherwise. With
+        ``data.pipeline=device`` the uint8 images are first normalised (and augmented in training)
+        here, on the batch's device."""
+        if self.data.pipeline == "device":
+            if self._augment is None:
+                d = self.data
+                self._augment = BatchAugment(*self.normalization, crop_padding=d.crop_padding if d.crop == "pad" else 0,
+                                             hflip=d.hflip, re_prob=d.re_prob)
+            batch = {**batch, "image": self._augment(batch["image"], training)}
         if not training or not self.mixup_cfg.enabled:
             return batch
         if self._mixup is None:
