@@ -71,7 +71,7 @@ class ReferenceSeq2Seq(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         pad = src.eq(PAD)
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], dtype=torch.bool)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device, dtype=torch.bool)
         y = self.transformer(self._embed(src), self._embed(tgt), tgt_mask=causal, src_key_padding_mask=pad,
                              memory_key_padding_mask=pad, tgt_is_causal=True)
         return self.lm_head(y)

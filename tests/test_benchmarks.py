@@ -25,6 +25,7 @@ CASES = {
     "tokenise": ["--quick"],
     "packing": ["--quick"],
     "image_pipeline": ["--quick", "--reps", "1"],
+    "gpu": ["--quick"],
 }
 
 
@@ -53,6 +54,9 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
         assert result["same_ids"] is True
     if name == "packing":  # a packed batch gives the padded batch's loss
         assert result["same_loss"] is True
+    if name == "gpu":  # every section ran; tk's generate and the minimal cached decoder agree
+        assert {"vit", "lm", "translation", "generation", "data"} <= set(result)
+        assert all(result["generation"][f"batch_{b}"]["same_tokens"] for b in (1, 16))
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True
