@@ -21,7 +21,7 @@ repetition, one warm-up each, compilation included in the warm-up), medians:
    worker path (with and without RandAugment) and for ``data.pipeline: device``. CIFAR-10 from
    ``../shared/data/cifar10`` when it is there, else generated shapes.
 
-    python benchmarks/gpu.py                 # on a GPU: about 6-8 minutes
+    python benchmarks/gpu.py                 # on a GPU: an estimated 4-5 minutes, most of it compilation
     python benchmarks/gpu.py --only vit,lm   # some sections
     python benchmarks/gpu.py --quick         # CPU dry run of every section (tiny shapes; part of the suite)
 
@@ -371,8 +371,8 @@ def bench_generation(args: argparse.Namespace, device: torch.device) -> dict[str
 
 # -- 5. the data path ------------------------------------------------------------------
 def bench_data(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    real = CIFAR.is_dir() and not args.quick
-    data = ["data.source=imagefolder", f"data.root={CIFAR.resolve()}"] if real else \
+    real = args.data_root.is_dir() and not args.quick
+    data = ["data.source=imagefolder", f"data.root={args.data_root.resolve()}"] if real else \
         ["data.source=synthetic", f"data.num_train={512 if args.quick else 20000}", "data.num_val=64"]
     if args.quick:
         data += ["model.dim=32", "model.depth=1", "model.num_heads=2"]
@@ -440,17 +440,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny shapes on the CPU: checks that every section runs")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--reps", type=int, default=None, help="timed rounds per section (default 5; quick 1)")
-    parser.add_argument("--calls", type=int, default=None, help="steps per timed round (default 20; quick 1)")
-    parser.add_argument("--lm-steps", type=int, default=60, help="updates per LM run (the first 10 are not timed)")
-    parser.add_argument("--lm-rounds", type=int, default=None, help="engine/bare runs each (default 2; quick 1)")
-    parser.add_argument("--data-steps", type=int, default=50, help="steps per data-path round")
+    parser.add_argument("--reps", type=int, default=None, help="timed rounds per section (default 3; quick 1)")
+    parser.add_argument("--calls", type=int, default=None, help="steps per timed round (default 10; quick 1)")
+    parser.add_argument("--lm-steps", type=int, default=50, help="updates per LM run (the first 10 are not timed)")
+    parser.add_argument("--lm-rounds", type=int, default=1, help="engine and bare-loop runs each, alternating")
+    parser.add_argument("--data-steps", type=int, default=30, help="steps per data-path round")
+    parser.add_argument("--data-root", type=Path, default=CIFAR, help="the CIFAR-10 image folder (train/, val/)")
     parser.add_argument("--no-compile", action="store_true", help="eager only (compiled rows skipped)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak for the MFU")
     args = parser.parse_args()
-    args.reps = args.reps or (1 if args.quick else 5)
-    args.calls = args.calls or (1 if args.quick else 20)
-    args.lm_rounds = args.lm_rounds or (1 if args.quick else 2)
+    args.reps = args.reps or (1 if args.quick else 3)
+    args.calls = args.calls or (1 if args.quick else 10)
     args.modes = ("eager",) if args.no_compile else ("eager", "compiled")
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
