@@ -196,8 +196,7 @@ class Trainer:
         return stats
 
     def _count_update(self, host: Synced, skipped: str | None, lr: float, log_keys: list[str]) -> dict[str, float]:
-        """Progress counters (items seen, skipped and bad steps, an agreed stop signal)
-        and the update's stats."""
+        """Progress counters (items seen, skipped and bad steps, an agreed stop) and the update's stats."""
         items, stop, *values = host.numbers
         items = max(float(items), 1.0)
         self.stop.agree(stop)
@@ -391,10 +390,11 @@ class Trainer:
                 pass
 
     def _log_train(self, window: list[dict[str, float]], clock: Throughput, bar: ProgressBar | None) -> None:
-        record, eta = train_record(window, clock, self.step, self.steps_per_epoch, self.total_steps)
-        record.update(self.precision.log_record())
-        record.update(items_seen=self.counts.items_seen, time=self.counts.wall_time())
+        record, eta = train_record(window, clock, self.step, self.steps_per_epoch, self.total_steps,
+                                   self.batches.pop_wait())
+        record.update(self.precision.log_record(), items_seen=self.counts.items_seen, time=self.counts.wall_time())
         self.log.metrics(record)
         self.log.echo(train_line(record, self.total_steps, eta), console=bar is None)
+        self.batches.note_starvation(record["data_wait"])
         if bar is not None:
             bar.show(record["loss"], record["lr"], record["items_per_s"])

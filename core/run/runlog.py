@@ -249,16 +249,17 @@ class Throughput:
         return items / elapsed, elapsed
 
 
-def window_record(window: list[dict[str, float]], clock: Throughput) -> dict[str, Any]:
+def window_record(window: list[dict[str, float]], clock: Throughput, waited: float = 0.0) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of the updates since the last log (``Trainer.train_step``
     results): item-weighted loss and task logs (both are per item in each update), last
-    lr and grad norm, throughput, skipped updates; ``_seconds_per_step`` is for the ETA."""
+    lr and grad norm, throughput, the share of the time spent waiting for batches (``waited``
+    seconds), skipped updates; ``_seconds_per_step`` is for the ETA."""
     items = sum(s["items"] for s in window)
     items_per_s, elapsed = clock.lap(items)
     record: dict[str, Any] = {
         "split": "train", "loss": sum(s["loss"] * s["items"] for s in window) / max(items, 1.0),
         "lr": window[-1]["lr"], "grad_norm": window[-1]["grad_norm"], "items_per_s": items_per_s,
-        "skipped_steps": sum(s["skipped"] for s in window),
+        "data_wait": min(waited / elapsed, 1.0), "skipped_steps": sum(s["skipped"] for s in window),
     }
     extra = {k for s in window for k in s} - {"loss", "grad_norm", "lr", "items", "skipped"}
     record.update({k: sum(s.get(k, 0.0) * s["items"] for s in window) / max(items, 1.0) for k in sorted(extra)})
@@ -267,11 +268,11 @@ def window_record(window: list[dict[str, float]], clock: Throughput) -> dict[str
 
 
 def train_record(window: list[dict[str, float]], clock: Throughput, step: int, steps_per_epoch: int | None,
-                 total_steps: int) -> tuple[dict[str, Any], float]:
+                 total_steps: int, waited: float = 0.0) -> tuple[dict[str, Any], float]:
     """The training record at ``step`` (:func:`window_record` with step and epoch) and
     the estimated seconds to ``total_steps``."""
     record = {"step": step, "epoch": step / steps_per_epoch if steps_per_epoch else None,
-              **window_record(window, clock)}
+              **window_record(window, clock, waited)}
     return record, (total_steps - step) * record.pop("_seconds_per_step")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -14,6 +16,8 @@ from tk.core.errors import TkError
 from tk.core.run.rng import preserved_rng
 
 __all__ = ["BatchStream", "FixedBatches", "agreed_length", "loader_length"]
+
+DATA_WAIT_NOTE = 0.10  # share of training time spent waiting for batches above which a run is told once
 
 
 def loader_length(loader: Any) -> int | None:
@@ -60,15 +64,40 @@ class BatchStream:
             the pass number through ``set_epoch`` where they have one).
         batches_per_epoch: micro-batches used per pass (None: all the loader yields).
         seed: base seed for DataLoader worker seeds; rank: the process rank.
+        echo: where :meth:`note_starvation` says its line.
     """
 
-    def __init__(self, loader, batches_per_epoch: int | None, seed: int = 0, rank: int = 0) -> None:
-        self.loader = loader
+    def __init__(self, loader, batches_per_epoch: int | None, seed: int = 0, rank: int = 0,
+                 echo: Callable[[str], None] = print) -> None:
+        self.loader, self.echo = loader, echo
         self.batches_per_epoch = batches_per_epoch
         self.seed, self.rank = seed, rank
         self.epoch = 0  # passes started
         self.batch = 0  # batches consumed in the current pass
         self._it: Iterator | None = None
+        self.waited = 0.0  # seconds next() spent fetching batches since the last pop_wait()
+        self._windows = 0  # log windows seen by starvation_note (the first one has the workers' start-up)
+        self._noted = False
+
+    def pop_wait(self) -> float:
+        """Seconds the training loop waited for batches since the previous call (the loader's
+        workers could not keep ahead, or the main process loaded the batch itself)."""
+        waited, self.waited = self.waited, 0.0
+        return waited
+
+    def note_starvation(self, data_wait: float) -> None:
+        """Say once per run (``echo``) that the loader holds training back: ``data_wait`` (the
+        share of a log window's training time spent waiting for batches) above
+        ``DATA_WAIT_NOTE`` after the first window (which has the workers' start-up)."""
+        self._windows += 1
+        if self._noted or self._windows == 1 or data_wait <= DATA_WAIT_NOTE:
+            return
+        self._noted = True
+        workers = getattr(self.loader, "num_workers", 0)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self.echo(f"note: training waited for its batches {100 * data_wait:.0f}% of the time (data_wait in "
+                  f"metrics.jsonl); raise train.num_workers (now {workers}; {cores} CPU cores here) or do less per "
+                  f"sample in the loader (image_classification: data.pipeline=device augments on the device)")
 
     def state_dict(self) -> dict[str, Any]:
         lanes = self._stream_lanes()
@@ -93,7 +122,14 @@ class BatchStream:
         return [int(getattr(self.loader, "num_workers", 0)), int(dataset.world_size)]
 
     def next(self) -> Any:
-        """The next micro-batch (on the host)."""
+        """The next micro-batch (on the host); the time it took counts in :meth:`pop_wait`."""
+        start = time.perf_counter()
+        try:
+            return self._next()
+        finally:
+            self.waited += time.perf_counter() - start
+
+    def _next(self) -> Any:
         for _ in range(2):
             if self.batches_per_epoch is not None and self.batch >= self.batches_per_epoch:
                 self._next_pass()
@@ -165,6 +201,13 @@ class FixedBatches:
         self.epoch = 0
         self.batch = 0  # batches served in total
 
+    def pop_wait(self) -> float:
+        """The batches are held in memory: no wait."""
+        return 0.0
+
+    def note_starvation(self, data_wait: float) -> None:
+        """Nothing to say: no loader."""
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch": self.batch}
 
@@ -176,3 +219,4 @@ class FixedBatches:
         self.batch += 1
         self.epoch = self.batch // len(self.batches)
         return batch
+

@@ -67,7 +67,7 @@ def batch_stream(loader: Any, t: TrainConfig, rank: int, world_size: int,
             raise TkError("train.max_steps: the train loader has no length (an IterableDataset or a sampler "
                           "without __len__), so train.epochs cannot be counted; set train.max_steps (and "
                           "train.eval_every to evaluate before the end)")
-        return BatchStream(loader, None, t.seed, rank), None
+        return BatchStream(loader, None, t.seed, rank, echo), None
     if fewest != most:  # DDP needs the same number of updates everywhere
         echo(f"note: the train loader yields {fewest} to {most} batches per process; every process "
              f"uses {fewest} per pass")
@@ -75,7 +75,7 @@ def batch_stream(loader: Any, t: TrainConfig, rank: int, world_size: int,
     if steps == 0:
         raise TkError(f"train.grad_accum ({t.grad_accum}) is larger than the {fewest} "
                       f"batches of one pass over the train split; lower train.grad_accum or train.batch_size")
-    return BatchStream(loader, steps * t.grad_accum, t.seed, rank), steps
+    return BatchStream(loader, steps * t.grad_accum, t.seed, rank, echo), steps
 
 
 def prepare_teacher(teacher: nn.Module | None, device: torch.device) -> nn.Module | None:
