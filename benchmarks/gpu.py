@@ -18,7 +18,7 @@ repetition, one warm-up each, compilation included in the warm-up), medians:
    sharing tk's weights), bf16; both must give the same tokens.
 5. ``data``: ``vit_cifar``'s training step fed by its real loader against the same step on one
    batch already on the device (the starvation ratio: 1.0 = the loader keeps up), for the PIL
-   worker path (with and without RandAugment) and for ``data.pipeline: device``. CIFAR-10 from
+   worker path and for ``data.pipeline: device``, each with and without RandAugment. CIFAR-10 from
    ``../shared/data/cifar10`` when it is there, else generated shapes.
 
     python benchmarks/gpu.py                 # on a GPU: an estimated 4-5 minutes, most of it compilation
@@ -379,7 +379,8 @@ def bench_data(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
     workers = 0 if args.quick else min(8, os.cpu_count() or 1)
     variants = {"workers, RandAugment (recipe)": ["data.pipeline=workers"],
                 "workers, no RandAugment": ["data.pipeline=workers", "data.auto_augment=null"],
-                "device pipeline": ["data.pipeline=device", "data.auto_augment=null"]}
+                "device pipeline, no RandAugment": ["data.pipeline=device", "data.auto_augment=null"],
+                "device pipeline, RandAugment (recipe)": ["data.pipeline=device"]}
     batch, steps = (8, 3) if args.quick else (128, args.data_steps)
     result: dict[str, Any] = {"data": "cifar10_subset" if real else "synthetic", "loader_workers": workers}
     print(f"\nData path: vit_cifar's step (bf16{', compiled' if 'compiled' in args.modes else ''}, batch {batch}), "
@@ -430,7 +431,7 @@ def bench_data(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
             fed_s, res_s = statistics.median(times["fed"]), statistics.median(times["resident"])
             result[name] = {"images_per_s_fed": round(batch / fed_s), "images_per_s_resident": round(batch / res_s),
                             "starvation": round(fed_s / res_s, 3)}
-            print(f"  {name:32s} fed {batch / fed_s:10,.0f} img/s, resident {batch / res_s:10,.0f} img/s, "
+            print(f"  {name:38s} fed {batch / fed_s:10,.0f} img/s, resident {batch / res_s:10,.0f} img/s, "
                   f"starvation {fed_s / res_s:.2f}")
     return result
 

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets
 
 from tk.core.errors import TkError
+from tk.plugins.image_classification.device_randaugment import parse_rand_augment
 from tk.plugins.image_classification.sources import HubImages, TarShards, expand_shards
 from tk.plugins.image_classification.synthetic import SyntheticShapes
 
@@ -67,7 +68,7 @@ class DataConfig:
     shards: dict[str, Any] | None = None  # webdataset: tk split -> .tar shards (local; any fsspec URL with streaming), a brace pattern or a list, e.g. {train: "d/train-{0000..0009}.tar"}
     streaming: bool = False  # hf/webdataset: read the samples in order as they come (remote shards, a streamed hub split) instead of by random access; resumes at the batch
     shuffle_buffer: int = 1000  # streaming: samples shuffled together in training (one buffer of raw samples per loader worker)
-    pipeline: Literal["workers", "device"] = "workers"  # augment per image with PIL in loader workers, or decode the split once into memory and crop/flip/erase per sample in batch on the training device (in-memory sets; a GPU's pace)
+    pipeline: Literal["workers", "device"] = "workers"  # augment per image with PIL in loader workers, or decode the split once into memory and crop/flip/RandAugment/erase per sample in batch on the training device (in-memory sets; a GPU's pace)
     class_names: list[str] | None = None  # hf/webdataset: the label names in order; null: the ClassLabel's names (hf) or "0", "1", ... (webdataset)
 
 
@@ -112,15 +113,16 @@ def check_data(data: DataConfig) -> list[str]:
 
 def _device_pipeline_problems(data: DataConfig) -> list[str]:
     """What ``data.pipeline: device`` cannot do: it holds the split in memory at its stored size
-    and has no PIL-only augmentation."""
+    and runs RandAugment strings only (AutoAugment policies are PIL-only)."""
     problems = []
     if data.streaming:
         problems.append("data.pipeline: device holds the decoded split in memory; a streamed split is not; set "
                         "data.pipeline=workers or data.streaming=false")
     if data.auto_augment:
-        problems.append(f"data.auto_augment ({data.auto_augment}): RandAugment/AutoAugment run on PIL images in "
-                        f"the loader workers, not in data.pipeline=device; set data.auto_augment=null or "
-                        f"data.pipeline=workers")
+        try:
+            parse_rand_augment(data.auto_augment)
+        except ValueError as e:
+            problems.append(f"data.auto_augment: {e}")
     if data.crop == "rrc":
         problems.append("data.crop: rrc crops the full-resolution image, which data.pipeline=device does not keep; "
                         "use data.crop=pad or none, or data.pipeline=workers")

@@ -8,7 +8,8 @@ its stored size, the eval transform's geometry for evaluation), the loader only 
 rows of that tensor, and :class:`BatchAugment` applies the same augmentations per sample,
 vectorised over the batch, on whatever device the batch is on (airbench's approach).
 
-Distributions match the worker path's: pad-and-crop offsets uniform in ``[0, 2p]`` per
+Distributions match the worker path's: timm's RandAugment drawn per sample
+(:mod:`.device_randaugment`), pad-and-crop offsets uniform in ``[0, 2p]`` per
 axis (torchvision ``RandomCrop(padding=p)``), a flip with probability ``hflip``, and timm's
 ``RandomErasing`` (``mode="pixel"``: area fraction uniform in [0.02, 1/3], log aspect ratio
 uniform in [log 0.3, log 1/0.3], up to 10 tries to fit, position uniform, N(0, 1) noise
@@ -27,6 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
+
+from tk.plugins.image_classification.device_randaugment import BatchRandAugment, parse_rand_augment
 
 log = logging.getLogger(__name__)
 
@@ -139,18 +142,22 @@ def random_erasing(images: Tensor, prob: float) -> Tensor:
 
 
 class BatchAugment:
-    """uint8 batches -> normalised float batches, augmented per sample in training.
+    """uint8 batches -> normalised float batches, augmented per sample in training, in the worker
+    path's order: crop, flip, RandAugment, normalise, random erasing.
 
     Args:
         mean, std: per-channel normalisation (0-1 scale), as ``T.Normalize``.
         crop_padding: training pad-and-crop padding (0: no crop, ``data.crop: none``).
         hflip: flip probability; re_prob: random-erasing probability (training).
+        auto_augment: a timm RandAugment string (``"rand-m9-mstd0.5"``; :mod:`.device_randaugment`), or None.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], crop_padding: int = 0, hflip: float = 0.0,
-                 re_prob: float = 0.0) -> None:
+                 re_prob: float = 0.0, auto_augment: str | None = None) -> None:
         self.mean, self.std = list(mean), list(std)
         self.crop_padding, self.hflip, self.re_prob = crop_padding, hflip, re_prob
+        fill = [round(255 * m) for m in self.mean]  # timm's img_mean: the fill of the geometric ops
+        self.rand_augment = BatchRandAugment(parse_rand_augment(auto_augment), fill) if auto_augment else None
 
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 (B, 3, H, W) -> float32, ``ToTensor`` then ``Normalize`` (the same operations, so
@@ -164,4 +171,6 @@ class BatchAugment:
         if not training:
             return self.normalize(images)
         images = random_flip(random_crop(images, self.crop_padding), self.hflip)
+        if self.rand_augment is not None:
+            images = self.rand_augment(images)
         return random_erasing(self.normalize(images), self.re_prob)

@@ -266,7 +266,7 @@ class ImageClassificationTask(Task):
             if self._augment is None:
                 d = self.data
                 self._augment = BatchAugment(*self.normalization, crop_padding=d.crop_padding if d.crop == "pad" else 0,
-                                             hflip=d.hflip, re_prob=d.re_prob)
+                                             hflip=d.hflip, re_prob=d.re_prob, auto_augment=d.auto_augment)
             batch = {**batch, "image": self._augment(batch["image"], training)}
         if not training or not self.mixup_cfg.enabled:
             return batch

@@ -136,7 +136,8 @@ def test_evaluation_batches_equal_the_worker_paths_bit_for_bit(tmp_path, source)
 
 
 @pytest.mark.parametrize("override, message", [
-    (["data.auto_augment=rand-m9-mstd0.5"], r"data.auto_augment .*not in data.pipeline=device"),
+    (["data.auto_augment=original"], r"data.auto_augment: 'original': data.pipeline=device runs RandAugment strings"),
+    (["data.auto_augment=rand-m9-inc1"], r"data.auto_augment"),
     (["data.crop=rrc"], r"data.crop: rrc .* data.pipeline=device does not keep"),
     (["data.pipeline=gpu"], r"data.pipeline"),
 ])
@@ -153,10 +154,10 @@ def records(run_dir: Path) -> list[tuple]:
 
 @pytest.mark.slow
 def test_a_sigkilled_device_pipeline_run_learns_and_resumes_exactly(tmp_path):
-    """Crop, flip, erasing and Mixup/CutMix drawn on the batch's device: SIGKILL after step 8's
+    """Crop, flip, RandAugment, erasing and Mixup/CutMix drawn on the batch's device: SIGKILL after step 8's
     checkpoint and --resume give every logged loss of the uninterrupted run, which learns."""
     args = ["quickstart", "data.pipeline=device", "data.num_train=2048", "data.num_val=256", "data.crop=pad",
-            "data.re_prob=0.25", "mixup.mixup_alpha=0.8", "mixup.cutmix_alpha=1.0", "train.batch_size=32",
+            "data.re_prob=0.25", "data.auto_augment=rand-m9-mstd0.5", "mixup.mixup_alpha=0.8", "mixup.cutmix_alpha=1.0", "train.batch_size=32",
             "train.max_steps=40", "train.eval_every=20", "train.log_every=1", "train.progress=false",
             "train.num_workers=2"]
     ref, killed = tmp_path / "ref", tmp_path / "killed"
