@@ -241,6 +241,12 @@ def run_sweep(sweep: Sweep, resume: bool, jobs: int, worker_args: list[str], ech
     """Prepare the study, run ``jobs`` workers (this process and ``jobs - 1`` others running
     ``tk sweep`` with ``worker_args``), return the study."""
     study = prepare_sweep_dir(sweep, resume)
+    if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # K trials at once share the cores, not thrash on them
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // (jobs * (sweep.nproc_per_node or 1)))
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the workers and their trials inherit it
+        echo(f"{jobs} trials at a time on {cores} CPU cores: {threads} thread(s) per trial process "
+             f"(set OMP_NUM_THREADS to choose)")
     others = [subprocess.Popen([sys.executable, "-m", "tk", "sweep", *worker_args, "--jobs", "1"])
               for _ in range(jobs - 1)]
     try:

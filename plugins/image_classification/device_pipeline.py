@@ -29,6 +29,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
 
+from tk.core.errors import TkError
+from tk.plugins.image_classification.data import build_source_dataset, check_not_empty
 from tk.plugins.image_classification.device_randaugment import BatchRandAugment, parse_rand_augment
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,25 @@ def decode_split(base: Dataset, num_workers: int = 0, what: str = "images") -> D
     decoded = DecodedImages(torch.cat(images), torch.cat(labels), getattr(base, "classes", None))
     log.info("decoded %d %s once into memory (%.0f MB uint8, data.pipeline=device)",
              len(decoded), what, decoded.images.numel() / 2**20)
+    return decoded
+
+
+def decoded_split(data: Any, data_config: dict[str, Any], split: str, num_workers: int = 0,
+                  class_names: Sequence[str] | None = None) -> DecodedImages:
+    """``split`` of ``data`` (a DataConfig) decoded once: training images at ``img_size``, evaluation
+    ones through the eval geometry of ``data_config`` (``interpolation``, ``crop_pct``).
+
+    Raises:
+        TkError: the split is empty, or its classes are not ``class_names`` (the model's).
+    """
+    crop_pct = 1.0 if split == "train" else data_config["crop_pct"]
+    base = build_source_dataset(data, split, stored_transform(data.img_size, data_config["interpolation"], crop_pct))
+    check_not_empty(base, data.source, split)
+    decoded = decode_split(base, num_workers, f"{split} images")
+    classes = getattr(decoded, "classes", None)
+    if class_names is not None and classes is not None and list(classes) != list(class_names):
+        raise TkError(f"the {split!r} split has classes {classes[:10]}... but the model was built for "
+                      f"{list(class_names)[:10]}...; every split needs the same class folders")
     return decoded
 
 

@@ -30,7 +30,7 @@ from tk.plugins.image_classification.data import (
     check_data,
     check_not_empty,
 )
-from tk.plugins.image_classification.device_pipeline import BatchAugment, decode_split, stacked, stored_transform
+from tk.plugins.image_classification.device_pipeline import BatchAugment, decoded_split, stacked
 from tk.plugins.image_classification.distill import (
     DistillConfig,
     check_distill,
@@ -225,7 +225,7 @@ class ImageClassificationTask(Task):
         if data.source == "webdataset" and data.class_names is None and split != "train":  # labels 0.. of train
             data = dataclasses.replace(data, class_names=self.class_names)
         if data.pipeline == "device":
-            return self._decoded(split)
+            return decoded_split(data, self.data_config, split, 0, self._class_names)
         if data.streaming:  # already yields the item dicts
             base = build_stream(data, split, self._transform(split == "train"), data.class_names)
         else:
@@ -237,25 +237,12 @@ class ImageClassificationTask(Task):
                           f"{self._class_names[:10]}...; every split needs the same class folders")
         return base if data.streaming else DictDataset(base)
 
-    def _decoded(self, split: str, num_workers: int = 0) -> Dataset:
-        """``data.pipeline=device``: the split decoded once into a uint8 tensor (training images
-        at ``img_size``; evaluation ones through the eval geometry), augmented by ``transform_batch``."""
-        dc = self.data_config
-        crop_pct = 1.0 if split == "train" else dc["crop_pct"]
-        base = build_source_dataset(self.data, split, stored_transform(self.data.img_size, dc["interpolation"], crop_pct))
-        check_not_empty(base, self.data.source, split)
-        decoded = decode_split(base, num_workers, f"{split} images")
-        if self._class_names is not None and getattr(decoded, "classes", self._class_names) != self._class_names:
-            raise TkError(f"the {split!r} split has classes {decoded.classes[:10]}... but the model was built for "
-                          f"{self._class_names[:10]}...; every split needs the same class folders")
-        return decoded
-
     def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
         """The core loader; with ``data.pipeline=device`` over the decoded split, a batch gathered at
         once in this process (its loader workers, if any, decode the split once)."""
         if self.data.pipeline != "device":
             return super().build_loader(split, spec)
-        decoded = self._decoded(split, spec.num_workers)
+        decoded = decoded_split(self.data, self.data_config, split, spec.num_workers, self._class_names)
         return build_loader(decoded, dataclasses.replace(spec, num_workers=0), collate_fn=stacked)
 
     def transform_batch(self, batch: dict[str, Any], training: bool) -> dict[str, Any]:

@@ -4,6 +4,7 @@ the pruner, two workers on one study, a killed sweep resumed, and the views of a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,8 +96,12 @@ def test_a_six_trial_sweep_on_two_workers_finds_a_better_lr_than_its_worst_and_e
     with its sampled lr in its config.yaml; tk runs lists them best first; tk sweep --show."""
     space = {"params": {"optim.lr": {"low": 1e-5, "high": 3e-1, "log": True}}, "sampler": "random", "seed": 1,
              "metric": "val/loss"}
-    done = sweep(tmp_path, space, 6, "--jobs", "2")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the sweep shares the cores itself
+    done = sweep(tmp_path, space, 6, "--jobs", "2", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+    cores = len(os.sched_getaffinity(0))
+    assert f"2 trials at a time on {cores} CPU cores: {max(1, cores // 2)} thread(s) per trial" in \
+        done.stdout + done.stderr
     trials = rows(tmp_path / "sweep")
     assert sorted(t["trial"] for t in trials) == list(range(6)) and all(t["state"] == "complete" for t in trials)
     assert len({t["params"]["optim.lr"] for t in trials}) == 6 and len(list((tmp_path / "sweep").glob("trial_*"))) == 6
