@@ -22,7 +22,7 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "TokenizerConfig": "tokenizer", "TextTokenizer": "tokenizer", "Encoded": "tokenizer", "Template": "tokenizer",
     "BERT_SPECIALS": "tokenizer", "BERT_TEMPLATE": "tokenizer", "build_tokenizer": "tokenizer",
-    "encode_long": "long_text", "TokenStore": "token_store",
+    "encode_long": "long_text", "cut_pieces": "long_text", "TokenStore": "token_store",
     "Record": "reader", "read_records": "reader", "read_lines": "reader", "read_parallel": "reader",
     "record_format": "reader", "stream_lines": "reader", "iter_parallel": "reader",
     "load_hub_dataset": "hub", "iter_column": "hub",

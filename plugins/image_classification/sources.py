@@ -82,6 +82,10 @@ def expand_shards(pattern: str | Sequence[str], key: str) -> list[Path]:
     """
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     paths = [Path(p).expanduser() for pat in patterns for p in braceexpand(pat)]
+    remote = next((p for pat in patterns for p in braceexpand(pat) if "://" in p or p.startswith("pipe:")), None)
+    if remote is not None:
+        raise TkError(f"{key}: {remote!r} is a URL or a pipe: command, read only as a stream; set data.streaming=true "
+                      f"(or give local .tar files)")
     missing = [p for p in paths if not p.is_file()]
     if not paths or missing:
         first = missing[0] if missing else patterns

@@ -1,12 +1,14 @@
 """Streamed image sources (``data.streaming: true``): WebDataset tar shards read sequentially
-from a local path or any fsspec URL (``s3://``, ``gs://``, ``https://``, ``pipe:`` excluded),
+from a local path, any fsspec URL (``s3://``, ``gs://``, ``https://``) or the standard output
+of a shell command (WebDataset's ``pipe:aws s3 cp s3://bucket/train-0001.tar -``),
 and a ``datasets`` image dataset streamed from the hub (or a local ``save_to_disk`` folder),
 as a :class:`tk.core.data.stream.StreamingDataset`: split by process and loader worker,
 resumed at the batch where a run stopped.
 
 A streamed source must know its sample count (every process takes an equal share): a tar
 shard's count and largest label come from one pass over its headers and labels, cached in
-``$TK_CACHE/shards`` under the shard's URL, size and modification time; a hub split's count
+``$TK_CACHE/shards`` under the shard's URL, size and modification time (a ``pipe:`` shard's
+under its command alone: delete the cache entry when its output changes); a hub split's count
 from the dataset's metadata.
 """
 
@@ -16,10 +18,11 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from braceexpand import braceexpand
 from PIL import Image
@@ -33,12 +36,44 @@ from tk.plugins.image_classification.sources import IMAGE_EXTENSIONS, parse_labe
 __all__ = ["HubImageStream", "TarStream", "build_stream"]
 
 _LABEL_EXTENSIONS = ("cls", "json")
+PIPE = "pipe:"  # WebDataset's prefix of a shard read from a shell command's standard output
 
 
 def _open(url: str):
+    if url.startswith(PIPE):
+        return _Pipe(url[len(PIPE):])
     import fsspec  # a dependency of datasets
 
     return fsspec.open(url, "rb").open()
+
+
+class _Pipe:
+    """The standard output of a ``pipe:`` shard's shell command, read as a file; a command that
+    fails (exit status above 0) is an ``OSError`` with the last line it wrote to stderr. A reader
+    that stops before the end stops the command."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def __enter__(self) -> IO[bytes]:
+        return self.proc.stdout
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> bool:
+        self.proc.stdout.close()  # a command still writing ends (SIGPIPE)
+        if kind is GeneratorExit:  # the reader took what it wanted
+            self.proc.kill()
+        try:
+            status = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            status = self.proc.wait()
+        said = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
+        self.proc.stderr.close()
+        if status > 0 and kind in (None, tarfile.ReadError, tarfile.TarError, EOFError, OSError):
+            raise OSError(f"the command {self.command!r} exited with status {status}"
+                          + (f": {said[-1]}" if said else ""))
+        return False
 
 
 class TarStream:
@@ -94,14 +129,17 @@ class TarStream:
 
     def _census(self) -> tuple[int, int]:
         """(samples, largest label), from the cache when the shard has not changed."""
-        try:
-            import fsspec
+        if self.url.startswith(PIPE):  # a command has no size or date: named by itself
+            stamp = json.dumps([self.url])
+        else:
+            try:
+                import fsspec
 
-            fs, path = fsspec.core.url_to_fs(self.url)
-            info = fs.info(path)
-        except (OSError, ValueError) as e:
-            raise TkError(f"{self.key}: shard {self.url} cannot be opened ({e}); check the path or URL") from e
-        stamp = json.dumps([self.url, info.get("size"), str(info.get("mtime") or info.get("ETag") or "")])
+                fs, path = fsspec.core.url_to_fs(self.url)
+                info = fs.info(path)
+            except (OSError, ValueError) as e:
+                raise TkError(f"{self.key}: shard {self.url} cannot be opened ({e}); check the path or URL") from e
+            stamp = json.dumps([self.url, info.get("size"), str(info.get("mtime") or info.get("ETag") or "")])
         cached = cache_root() / "shards" / f"{hashlib.sha1(stamp.encode()).hexdigest()}.json"
         if cached.is_file():
             record = json.loads(cached.read_text())

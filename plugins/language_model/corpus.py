@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ SUBJECTS = {"sg": ["the cat", "a dog", "the old man", "my sister", "the bird"],
 VERBS = {"sg": ["sees", "likes", "chases", "finds"], "pl": ["see", "like", "chase", "find"]}
 OBJECTS = ["the ball", "a red apple", "the garden", "some bread", "the river", "a small house"]
 ADVERBS = ["today", "again", "slowly", "at night"]
+_CHUNK = 1 << 22  # characters read at a time from a corpus file (~4-16 MB)
 
 
 def _sentence(rng: np.random.Generator) -> str:
@@ -35,12 +37,11 @@ def synthetic_text(num_sentences: int, seed: int) -> str:
     return "".join(_sentence(rng) for _ in range(num_sentences))
 
 
-def read_corpus(path: str) -> str:
-    """The UTF-8 text of ``data.path``: a file, every file under a folder, or a glob (files joined
-    in sorted order).
+def corpus_files(path: str) -> list[Path]:
+    """The files of ``data.path``: a file, every file under a folder, or a glob (sorted).
 
     Raises:
-        TkError: nothing matches, or a file is not UTF-8.
+        TkError: nothing matches.
     """
     p = Path(path).expanduser()
     if p.is_file():
@@ -52,10 +53,39 @@ def read_corpus(path: str) -> str:
     if not files:
         raise TkError(f"data.path: no text file at {path!r} (give a file, a folder of text files or a glob, "
                       f"or set data.source=synthetic)")
-    parts = []
+    return files
+
+
+def iter_corpus(files: Sequence[Path], chunk: int | None = None) -> Iterator[str]:
+    """The text of ``files`` joined, in chunks of ``chunk`` characters at most: a corpus larger
+    than memory is never held. Newlines are universal (``\\r\\n`` reads as ``\\n``), as ``read_text``.
+
+    Raises:
+        TkError: a file is not UTF-8 (naming it).
+    """
+    chunk = chunk or _CHUNK
     for f in files:
         try:
-            parts.append(f.read_text(encoding="utf-8"))
+            with open(f, encoding="utf-8") as text:
+                while part := text.read(chunk):
+                    yield part
         except UnicodeDecodeError as e:
             raise TkError(f"data.path: {f} is not UTF-8 text ({e}); convert it or leave it out of data.path") from e
-    return "".join(parts)
+
+
+def take_chars(chunks: Iterable[str], n: int) -> Iterator[str]:
+    """The first ``n`` characters of ``chunks``."""
+    for part in chunks:
+        if n <= 0:
+            return
+        yield part[:n]
+        n -= len(part)
+
+
+def read_corpus(path: str) -> str:
+    """The whole UTF-8 text of ``data.path`` (see :func:`corpus_files`) in memory.
+
+    Raises:
+        TkError: nothing matches, or a file is not UTF-8.
+    """
+    return "".join(iter_corpus(corpus_files(path)))

@@ -4,9 +4,10 @@ the token blocks read from it (random ones for training, sequential ones for eva
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,34 +119,53 @@ def corpus_identity(ds: Any, d: DataConfig) -> dict[str, Any]:
 
 def tokenise_documents(ds: Any, tokenizer: TextTokenizer, d: DataConfig, path: Path | None
                        ) -> tuple[np.ndarray, int]:
-    """The documents in batches, each followed by ``data.doc_separator``, tokenised into
-    ``path`` (memory-mapped afterwards; in memory when None): the text never has to fit in
-    memory. Returns the tokens and the number of characters.
+    """The documents of a ``datasets`` corpus, each followed by ``data.doc_separator``,
+    tokenised into ``path`` (see :func:`write_tokens`).
 
     Raises:
         TkError: the corpus has no token.
     """
+    tokens, num_chars = write_tokens(([t + d.doc_separator for t in texts] for texts in iter_column(ds, d.text_column)),
+                                     tokenizer, path)
+    if len(tokens) == 0:
+        raise empty_corpus(d)
+    return tokens, num_chars
+
+
+def tokenise_pieces(pieces: Iterable[str], tokenizer: TextTokenizer, path: Path | None, batch: int = 8
+                    ) -> tuple[np.ndarray, int]:
+    """A text file's pieces (``tk.core.text.cut_pieces``: their ids are the whole text's ids)
+    tokenised ``batch`` at a time, in parallel, into ``path`` (see :func:`write_tokens`)."""
+    pieces = iter(pieces)
+    return write_tokens(iter(lambda: list(islice(pieces, batch)), []), tokenizer, path, add_special_tokens=False)
+
+
+def write_tokens(batches: Iterable[list[str]], tokenizer: TextTokenizer, path: Path | None,
+                 add_special_tokens: bool = True) -> tuple[np.ndarray, int]:
+    """The texts of ``batches`` tokenised in order into ``path`` (memory-mapped afterwards; in
+    memory when None): the text never has to fit in memory. A partial file is removed on any
+    error or Ctrl-C. Returns the tokens and the number of characters."""
     dtype = token_dtype(tokenizer.vocab_size)
-    chunks, num_chars, num_tokens = [], 0, 0
+    chunks, num_chars = [], 0
     part = None if path is None else path.with_suffix(".part")
     if part is not None:
         part.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(part, "wb") if part is not None else nullcontext() as out:
-            for texts in iter_column(ds, d.text_column):
-                texts = [t + d.doc_separator for t in texts]
-                ids = np.concatenate([np.asarray(e, dtype=dtype) for e in tokenizer.encode_batch(texts).ids])
+            for texts in batches:
+                ids = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens).ids
+                ids = np.concatenate([np.asarray(e, dtype=dtype) for e in ids]) if ids else np.zeros(0, dtype)
                 num_chars += sum(map(len, texts))
-                num_tokens += len(ids)
                 chunks.append(ids) if out is None else out.write(ids.tobytes())
-        if num_tokens == 0:
-            raise empty_corpus(d)
     except BaseException:  # an error or Ctrl-C: no half-written token file is left in the task files
         if part is not None:
             part.unlink(missing_ok=True)
         raise
     if part is None:
-        return np.concatenate(chunks), num_chars
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype), num_chars
+    if part.stat().st_size == 0:  # an empty corpus leaves no token file (the caller names the error)
+        part.unlink()
+        return np.zeros(0, dtype), num_chars
     part.replace(path)
     return np.memmap(path, dtype=dtype, mode="r"), num_chars
 

@@ -35,9 +35,10 @@ from tk.core.nn.decoding import GenerationConfig
 from tk.core.nn.generation import generate
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
-from tk.core.text import TextTokenizer, build_tokenizer, encode_long, iter_column, load_hub_dataset
+from tk.core.text import TextTokenizer, build_tokenizer, cut_pieces, encode_long, iter_column, load_hub_dataset
+from tk.core.text.long_text import adds_specials
 from tk.core.text.token_store import TokenStore
-from tk.plugins.language_model.corpus import read_corpus, synthetic_text
+from tk.plugins.language_model.corpus import corpus_files, iter_corpus, synthetic_text, take_chars
 from tk.plugins.language_model.data import (
     UNK,
     BlockDataset,
@@ -52,6 +53,7 @@ from tk.plugins.language_model.data import (
     split_tokens,
     token_dtype,
     tokenise_documents,
+    tokenise_pieces,
     train_documents,
 )
 from tk.plugins.language_model.metrics import LMMetrics
@@ -197,13 +199,36 @@ class LanguageModelTask(Task):
                 tokens, num_chars = tokenise_documents(ds, self.tokenizer, d, path)
             self._save(tokens, num_chars, write_tokens=False)
             return tokens
-        text = synthetic_text(d.num_sentences, d.seed) if d.source == "synthetic" else read_corpus(d.path)
+        if d.source == "text":
+            return self._tokenise_files(corpus_files(d.path))
+        text = synthetic_text(d.num_sentences, d.seed)
         if not text:
             raise empty_corpus(d)
         self.tokenizer = self._source_tokenizer() or build_tokenizer(
             self.tok_cfg, [text[: len(text) - int(len(text) * d.val_fraction)]])
         tokens = np.asarray(encode_long(self.tokenizer, text), dtype=token_dtype(self.tokenizer.vocab_size))
         self._save(tokens, len(text))
+        return tokens
+
+    def _tokenise_files(self, files: list[Path]) -> np.ndarray:
+        """``data.path`` read in chunks, three times (count, train on the part before the
+        validation cut, tokenise into the task file): a corpus larger than memory is never held,
+        and the tokenizer and tokens equal those of the whole text (``cut_pieces``)."""
+        d = self.data
+        num_chars = sum(map(len, iter_corpus(files)))
+        if num_chars == 0:
+            raise empty_corpus(d)
+        self.tokenizer = self._source_tokenizer() or build_tokenizer(
+            self.tok_cfg, cut_pieces(take_chars(iter_corpus(files), num_chars - int(num_chars * d.val_fraction))))
+        if adds_specials(self.tokenizer):  # a template frames the corpus once, as one text
+            tokens = np.asarray(self.tokenizer.encode("".join(iter_corpus(files))), token_dtype(self.tokenizer.vocab_size))
+            self._save(tokens, num_chars)
+            return tokens
+        pieces = cut_pieces(iter_corpus(files), anywhere=self.tokenizer.kind == "char")
+        tokens, _ = tokenise_pieces(pieces, self.tokenizer, None if self.run_dir is None else self.files.path(TOKENS_FILE))
+        if len(tokens) == 0:
+            raise empty_corpus(d)
+        self._save(tokens, num_chars, write_tokens=False)
         return tokens
 
     def _source_tokenizer(self) -> TextTokenizer | None:

@@ -124,3 +124,23 @@ def test_a_sigkilled_streamed_run_resumes_exactly(shards, tmp_path, procs, worke
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert records(killed) == records(ref) and len(records(ref)) >= 30
+
+
+def test_pipe_shards_stream_a_commands_output_like_local_ones(shards, tmp_path, monkeypatch):
+    """WebDataset's pipe: URLs (e.g. pipe:aws s3 cp s3://bucket/val-0001.tar -): the shard is
+    the command's standard output; a failing command is one line with what it said."""
+    monkeypatch.setenv("TK_CACHE", str(tmp_path / "cache"))
+    folder = Path(expand_urls_first(shards["val"])).parent
+    piped = build_stream(stream_config({"val": f"pipe:cat {folder}/val-{{0000..0002}}.tar"}), "val", None, NAMES)
+    here = build_stream(stream_config(shards), "val", None, NAMES)
+    build_loader(piped, LoaderSpec(batch_size=4)), build_loader(here, LoaderSpec(batch_size=4))
+    a, b = list(piped), list(here)
+    assert len(a) == 12 and [x["labels"] for x in a] == [x["labels"] for x in b]
+    assert all(np.array_equal(np.asarray(x["image"]), np.asarray(y["image"])) for x, y in zip(a, b))
+    stream = TarStream(f"pipe:cat {folder}/val-0000.tar", "data.shards.val")
+    assert [label for _, label in stream.read(1, 3)] == [label for _, label in TarStream(f"{folder}/val-0000.tar", "k").read(1, 3)]
+    with pytest.raises(TkError, match=r"data.shards.val: cannot read shard pipe:cat /nope/x.tar \(the command "
+                                      r"'cat /nope/x.tar' exited with status 1: cat: /nope/x.tar: No such file"):
+        build_stream(stream_config({"val": "pipe:cat /nope/x.tar"}), "val", None, NAMES)
+    with pytest.raises(TkError, match="is a URL or a pipe: command, read only as a stream; set data.streaming=true"):
+        expand_shards("pipe:cat /nope/x.tar", "data.shards.val")

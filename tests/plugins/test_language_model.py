@@ -13,7 +13,7 @@ from tk.core.cli import cli
 from tk.core.nn.decoding import GenerationConfig
 from tk.core.recipe import load_config
 from tk.core.step import StepOutput
-from tk.core.text import TextTokenizer
+from tk.core.text import TextTokenizer, build_tokenizer
 from tk.plugins.language_model.cli import generate
 from tk.plugins.language_model.corpus import synthetic_text
 from tk.plugins.language_model.data import UNK, TokenizerConfig, decode, load_saved_tokenizer, train_documents
@@ -467,3 +467,60 @@ def test_a_prompt_with_unseen_characters_is_an_error_naming_them(tmp_path):
         "error: the prompt has characters the model never saw ('ACT☃': they would all be <unk>); use the characters "
         "of its training text\n")
     assert CliRunner().invoke(cli, ["generate", str(run), "--prompt", "the cat"]).exit_code == 0
+
+
+# ----------------------------------------------------------------------------- text files larger than memory
+
+
+def _corpus_text() -> str:
+    rng = np.random.default_rng(3)
+    words = ["the", "cat", "Ünïcode", "naïve", "x1", "--", "ok.", "日本", "a\tb", "\n", "\n\n", "  ", "end"]
+    return " ".join(rng.choice(words, size=3000)) + "\n"
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "wordpiece", "unigram"])
+def test_text_files_are_read_in_chunks_with_the_whole_texts_tokenizer_and_tokens(tmp_path, monkeypatch, kind):
+    """data.source=text reads its files in chunks and tokenises them piece by piece (a corpus
+    larger than memory is never held): tokenizer and tokens equal those of the whole text,
+    with chunks and pieces far smaller than the corpus and a word spanning two files."""
+    from tk.core.text import long_text
+    from tk.plugins.language_model import corpus
+
+    text = _corpus_text()
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    cut = text.index(" ", len(text) // 2) - 2  # inside a word: the files join there without a space
+    (folder / "a.txt").write_bytes(text[:cut].replace("\n", "\r\n").encode())  # universal newlines, as read_text
+    (folder / "b.txt").write_text(text[cut:], encoding="utf-8")
+    monkeypatch.setattr(corpus, "_CHUNK", 97)
+    monkeypatch.setattr(long_text, "_PIECE", 211)
+    task = make_task(tmp_path, ["data.source=text", f"data.path={folder}", f"tokenizer.kind={kind}",
+                                "tokenizer.vocab_size=300", "tokenizer.min_frequency=1", "data.val_fraction=0.1"])
+    task.setup()
+    whole = build_tokenizer(task.tok_cfg, [text[: len(text) - int(len(text) * 0.1)]])  # the whole-text path
+    assert task.tokenizer.to_str() == whole.to_str()
+    tokens = np.fromfile(task.files.path(TOKENS_FILE), dtype=np.uint16).tolist()
+    assert tokens == whole.encode(text) and task.meta["num_chars"] == len(text)
+
+
+def test_cut_pieces_cut_only_where_no_tokenizer_joins():
+    from tk.core.text import cut_pieces
+
+    text = _corpus_text()
+    rng = np.random.default_rng(0)
+    edges = np.sort(rng.choice(len(text), 40, replace=False))
+    chunks = [text[a:b] for a, b in zip([0, *edges], [*edges, len(text)])]
+    pieces = list(cut_pieces(chunks, piece=150))
+    assert "".join(pieces) == text and len(pieces) > 10
+    assert all(len(p) >= 150 and p[-1] != " " and p[-1].strip() for p in pieces[:-1])
+    assert all(p.startswith(" ") and p[1] != " " for p in pieces[1:])
+    assert [len(p) for p in cut_pieces(chunks, piece=150, anywhere=True)][:-1] == [150] * (len(text) // 150)
+
+
+def test_an_empty_text_corpus_is_an_error_and_leaves_no_token_file(tmp_path):
+    corpus = tmp_path / "empty.txt"
+    corpus.write_text("")
+    result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=text", f"data.path={corpus}",
+                                      f"output_dir={tmp_path / 'run'}", *FAST])
+    assert result.exit_code == 2 and "is empty (0 tokens)" in result.output, result.output
+    assert not list((tmp_path / "run").rglob("tokens.bin*"))
