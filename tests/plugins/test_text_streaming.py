@@ -149,15 +149,18 @@ def test_streamed_train_pairs_are_the_in_memory_pairs_and_misaligned_files_fail(
 
 
 @pytest.mark.slow
-def test_a_sigkilled_streamed_translation_run_resumes_exactly(parallel, tmp_path):
+@pytest.mark.parametrize("procs, workers", [(1, 2), (2, 0)])
+def test_a_sigkilled_streamed_translation_run_resumes_exactly(parallel, tmp_path, procs, workers):
     common = translation_args(parallel, "data.streaming=true", "data.shuffle_buffer=32", "train.max_steps=30",
-                              "train.num_workers=2", "train.deterministic=true")
+                              f"train.num_workers={workers}", "train.deterministic=true")
+    launch = [] if procs == 1 else ["--nproc-per-node", str(procs)]
     ref, killed = tmp_path / "ref", tmp_path / "killed"
-    done = subprocess.run([TK, "run", *common, f"output_dir={ref}"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([TK, "run", *common, f"output_dir={ref}", *launch], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    kill_when([TK, "run", *common, f"output_dir={killed}", "train.save_every=1"],
+    kill_when([TK, "run", *common, f"output_dir={killed}", "train.save_every=1", *launch],
               killed / "checkpoints" / "step_00000006.pt")
-    resumed = subprocess.run([TK, "run", *common, f"output_dir={killed}", "--resume"], capture_output=True,
-                             text=True, timeout=600)
+    resumed = subprocess.run([TK, "run", *common, f"output_dir={killed}", "--resume", *launch],
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert records(killed) == records(ref) and len(records(ref)) >= 30
