@@ -62,7 +62,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7.4", "pytest-xdist>=3.0", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",
-                 "onnxruntime>=1.18"],  # tensorboard: the logger tests read its event files; onnx*: tk export
+                 "onnxruntime>=1.18", "fsspec[http]"],  # tensorboard: the logger tests read its event files; onnx*: tk export; http: streamed shards from a local server
+        "remote": ["fsspec[http]", "s3fs", "gcsfs"],  # data.streaming from https://, s3://, gs:// shards
         "tensorboard": ["tensorboard>=2.14"],  # train.loggers: [tensorboard]
         "wandb": ["wandb>=0.17"],  # train.loggers: [wandb]
         "onnx": ["onnx>=1.16", "onnxscript>=0.2"],  # tk export --format onnx

@@ -137,6 +137,9 @@ class TarStream:
 
                 fs, path = fsspec.core.url_to_fs(self.url)
                 info = fs.info(path)
+            except ImportError as e:  # fsspec names the missing package
+                raise TkError(f"{self.key}: shard {self.url} needs a file system that is not installed ({e}); "
+                              f"pip install 'tk[remote]' (https://, s3://, gs://)") from e
             except (OSError, ValueError) as e:
                 raise TkError(f"{self.key}: shard {self.url} cannot be opened ({e}); check the path or URL") from e
             stamp = json.dumps([self.url, info.get("size"), str(info.get("mtime") or info.get("ETag") or "")])

@@ -144,3 +144,39 @@ def test_pipe_shards_stream_a_commands_output_like_local_ones(shards, tmp_path, 
         build_stream(stream_config({"val": "pipe:cat /nope/x.tar"}), "val", None, NAMES)
     with pytest.raises(TkError, match="is a URL or a pipe: command, read only as a stream; set data.streaming=true"):
         expand_shards("pipe:cat /nope/x.tar", "data.shards.val")
+
+
+def test_shards_served_over_http_stream_like_local_ones(shards):
+    """A real remote protocol: the shards served by a local HTTP server (fsspec's HTTP file
+    system, as for https:// shards on a CDN or the hub)."""
+    import functools
+    import http.server
+    import threading
+
+    folder = Path(expand_urls_first(shards["val"])).parent
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/val-{{0000..0002}}.tar"
+        remote = build_stream(stream_config({"val": url}), "val", None, NAMES)
+        here = build_stream(stream_config(shards), "val", None, NAMES)
+        build_loader(remote, LoaderSpec(batch_size=4, num_workers=2)), build_loader(here, LoaderSpec(batch_size=4))
+        a, b = list(remote), list(here)
+        assert len(a) == 12 and [x["labels"] for x in a] == [x["labels"] for x in b]
+        assert all(np.array_equal(np.asarray(x["image"]), np.asarray(y["image"])) for x, y in zip(a, b))
+        with pytest.raises(TkError, match=f"data.shards.val: shard http://127.0.0.1:{server.server_port}/nope.tar "
+                                          f"cannot be opened"):
+            build_stream(stream_config({"val": f"http://127.0.0.1:{server.server_port}/nope.tar"}), "val", None, NAMES)
+    finally:
+        server.shutdown()
+
+
+def test_a_url_whose_file_system_is_not_installed_is_one_line():
+    pytest.importorskip("fsspec")
+    if __import__("importlib").util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(TkError, match=r"data.shards.val: shard gs://bucket/val.tar needs a file system that is not "
+                                      r"installed \(.*\); pip install 'tk\[remote\]'"):
+        build_stream(stream_config({"val": "gs://bucket/val.tar"}), "val", None, NAMES)
