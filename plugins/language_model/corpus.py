@@ -81,11 +81,3 @@ def take_chars(chunks: Iterable[str], n: int) -> Iterator[str]:
         yield part[:n]
         n -= len(part)
 
-
-def read_corpus(path: str) -> str:
-    """The whole UTF-8 text of ``data.path`` (see :func:`corpus_files`) in memory.
-
-    Raises:
-        TkError: nothing matches, or a file is not UTF-8.
-    """
-    return "".join(iter_corpus(corpus_files(path)))
