@@ -70,7 +70,7 @@ class _Pipe:
             status = self.proc.wait()
         said = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
         self.proc.stderr.close()
-        if status > 0 and kind in (None, tarfile.TarError, EOFError, OSError):
+        if status > 0 and (kind is None or issubclass(kind, (tarfile.TarError, EOFError, OSError))):
             raise OSError(f"the command {self.command!r} exited with status {status}"
                           + (f": {said[-1]}" if said else ""))
         return False
