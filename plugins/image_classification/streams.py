@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -54,7 +55,8 @@ class _Pipe:
 
     def __init__(self, command: str) -> None:
         self.command = command
-        self.proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stderr = tempfile.TemporaryFile()  # not a pipe: a chatty command (curl's meter) never blocks on it
+        self.proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=self.stderr)
 
     def __enter__(self) -> IO[bytes]:
         return self.proc.stdout
@@ -68,8 +70,9 @@ class _Pipe:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             status = self.proc.wait()
-        said = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
-        self.proc.stderr.close()
+        self.stderr.seek(0)
+        said = self.stderr.read().decode(errors="replace").strip().splitlines()
+        self.stderr.close()
         if status > 0 and (kind is None or issubclass(kind, (tarfile.TarError, EOFError, OSError))):
             raise OSError(f"the command {self.command!r} exited with status {status}"
                           + (f": {said[-1]}" if said else ""))

@@ -80,4 +80,3 @@ def take_chars(chunks: Iterable[str], n: int) -> Iterator[str]:
             return
         yield part[:n]
         n -= len(part)
-

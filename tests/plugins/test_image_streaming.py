@@ -139,6 +139,8 @@ def test_pipe_shards_stream_a_commands_output_like_local_ones(shards, tmp_path, 
     assert all(np.array_equal(np.asarray(x["image"]), np.asarray(y["image"])) for x, y in zip(a, b))
     stream = TarStream(f"pipe:cat {folder}/val-0000.tar", "data.shards.val")
     assert [label for _, label in stream.read(1, 3)] == [label for _, label in TarStream(f"{folder}/val-0000.tar", "k").read(1, 3)]
+    chatty = TarStream(f"pipe:head -c 200000 /dev/zero >&2; cat {folder}/val-0000.tar", "k")  # > a pipe's buffer on stderr
+    assert [label for _, label in chatty.read(0, 5)] == [label for _, label in stream.read(0, 5)]
     with pytest.raises(TkError, match=r"data.shards.val: cannot read shard pipe:cat /nope/x.tar \(the command "
                                       r"'cat /nope/x.tar' exited with status 1: cat: /nope/x.tar: No such file"):
         build_stream(stream_config({"val": "pipe:cat /nope/x.tar"}), "val", None, NAMES)
