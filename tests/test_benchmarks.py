@@ -26,6 +26,8 @@ CASES = {
     "packing": ["--quick"],
     "image_pipeline": ["--quick", "--reps", "1"],
     "gpu": ["--quick"],
+    "baby_gpt": ["--quick"],
+    "vit_cifar_timm": ["--quick"],
 }
 
 
@@ -57,6 +59,11 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
     if name == "gpu":  # every section ran; tk's generate and the minimal cached decoder agree
         assert {"vit", "lm", "translation", "generation", "data"} <= set(result)
         assert all(result["generation"][f"batch_{b}"]["same_tokens"] for b in (1, 16))
+    if name == "baby_gpt":  # the reference loop learns: below a uniform guess over the characters, and falling
+        curve = [loss for _, loss in result["curve"]]
+        assert curve[-1] < curve[0] < 3.5
+    if name == "vit_cifar_timm":  # the timm loop ran to its last evaluation
+        assert result["updates"] == 8 and 0.0 <= result["top1"] <= 1.0
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True
