@@ -34,6 +34,7 @@ class OptimConfig:
     nesterov: bool = False  # SGD: use Nesterov momentum
     layer_decay: float | None = None  # layer-wise lr decay in (0, 1]: group lr *= decay**(L - layer_id)
     decay_norm_and_bias: bool = False  # also decay norms, biases, embeddings (off: timm's convention)
+    decay_embeddings: bool = False  # also decay embedding tables, not norms or biases (nanoGPT: every 2-D tensor)
     fused: bool | None = None  # torch's fused kernel (one kernel for all parameters; CUDA, and CPU in torch >= 2.4); None: torch's default
     foreach: bool | None = None  # torch's multi-tensor (foreach) implementation; None: torch's default
 
@@ -64,16 +65,17 @@ class OptimConfig:
         return errors
 
 
-def _no_decay_ids(model: nn.Module) -> set[int]:
+def _no_decay_ids(model: nn.Module, embeddings: bool = True) -> set[int]:
     """ids of parameters that get no weight decay: ndim <= 1 (norms, biases, scalars),
-    nn.Embedding weights and the names each (sub)module lists in ``no_weight_decay()``."""
+    nn.Embedding weights (unless ``embeddings`` is false) and the names each (sub)module lists in
+    ``no_weight_decay()``."""
     skip: set[int] = set()
     params = dict(model.named_parameters(remove_duplicate=False))
     for name, p in params.items():
         if p.ndim <= 1:
             skip.add(id(p))
     for prefix, module in model.named_modules():
-        if isinstance(module, nn.Embedding):
+        if embeddings and isinstance(module, nn.Embedding):
             skip.add(id(module.weight))
         hook = getattr(module, "no_weight_decay", None)
         if callable(hook):
@@ -141,7 +143,7 @@ def param_groups(
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError(f"{type(model).__name__} has no trainable parameters to optimise")
-    skip = set() if cfg.decay_norm_and_bias else _no_decay_ids(model)
+    skip = set() if cfg.decay_norm_and_bias else _no_decay_ids(model, embeddings=not cfg.decay_embeddings)
     if cfg.layer_decay is not None:
         ids, n_layers = _layer_ids(model, [n for n, _ in named], layer_id_fn, num_layers)
     groups: dict[tuple[bool, int], dict] = {}

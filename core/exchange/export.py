@@ -19,7 +19,8 @@ from tk.core.nn.lora import merged_state_dict
 from tk.core.run.atomic import atomic_write
 from tk.core.run.checkpoint import load_checkpoint
 
-__all__ = ["export_safetensors", "average_checkpoints", "read_weights", "tk_metadata", "weights_file_problem"]
+__all__ = ["export_safetensors", "average_checkpoints", "read_weights", "state_with_norm_biases", "tk_metadata",
+           "weights_file_problem"]
 
 
 def weights_file_problem(path: str | Path, key: str) -> str | None:
@@ -65,6 +66,17 @@ def read_weights(path: str | Path, key: str) -> dict[str, torch.Tensor]:
         detail = (str(e).splitlines() or [type(e).__name__])[0][:160]
         raise TkError(f"{key}: cannot read {path}: the file is truncated or damaged ({detail}); download or "
                       f"export it again") from e
+
+
+def state_with_norm_biases(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with a zero ``bias`` for every LayerNorm built without one
+    (``model.norm_bias: false``): formats whose LayerNorms always add a bias (GPT-2, BERT, timm's
+    ViT) then compute exactly the same function."""
+    sd = model.state_dict()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.LayerNorm) and module.elementwise_affine and module.bias is None:
+            sd[f"{name}.bias"] = torch.zeros_like(module.weight)
+    return sd
 
 
 def tk_metadata(task: str, step: int | None, **extra: str) -> dict[str, str]:

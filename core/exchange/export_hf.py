@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from tk.core.errors import TkError
-from tk.core.exchange.export import export_safetensors
+from tk.core.exchange.export import export_safetensors, state_with_norm_biases
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM
@@ -68,7 +68,7 @@ def _bert_encoder(model: nn.Module, target: str) -> tuple[dict[str, Tensor], dic
     cfg = enc.cfg
     _require(cfg, target, {"pos_encoding": ("learned",), "norm": ("layernorm",), "norm_first": (False,),
                            "final_norm": (False,), "activation": ("gelu", "relu"), "bias": (True,)})
-    sd = model.state_dict()
+    sd = state_with_norm_biases(model)
     out = {"bert.embeddings.word_embeddings.weight": sd["encoder.tok_embed.weight"],
            "bert.embeddings.position_embeddings.weight": sd["encoder.pos_embed.weight"],
            "bert.embeddings.LayerNorm.weight": sd["encoder.embed_norm.weight"],
@@ -136,7 +136,7 @@ def bert_mlm_export(model: nn.Module) -> tuple[dict, dict]:
         raise _refuse("model.activation", model.encoder.cfg.activation, target,
                       "its prediction head uses the encoder's activation, tk's head GELU; it needs 'gelu'")
     out, config = _bert_encoder(model, target)
-    sd = model.state_dict()
+    sd = state_with_norm_biases(model)
     for a, b in (("transform.dense", "head.dense"), ("transform.LayerNorm", "head.norm")):
         for kind in ("weight", "bias"):
             out[f"cls.predictions.{a}.{kind}"] = sd[f"{b}.{kind}"]
@@ -163,7 +163,7 @@ def lm_export(model: DecoderOnlyLM, cfg: TransformerConfig) -> tuple[dict, dict]
 
 def _lm_state(model: DecoderOnlyLM) -> dict[str, Tensor]:
     """The model's state dict, without ``lm_head.weight`` when it is the tied embedding."""
-    sd = model.state_dict()
+    sd = state_with_norm_biases(model)
     tied = model.lm_head.weight is model.tok_embed.weight
     return {k: v for k, v in sd.items() if not (tied and k == "lm_head.weight")}
 

@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from tk.core.errors import TkError
+from tk.core.exchange.export import state_with_norm_biases
 from tk.core.nn.vit import VisionTransformer
 
 __all__ = ["timm_export", "timm_load_code", "timm_hub_config", "timm_crop_pct"]
@@ -41,7 +42,7 @@ def _vit(model: VisionTransformer) -> tuple[str, dict[str, Any], dict[str, Tenso
         raise _refuse("model.norm_eps", cfg.norm_eps, f"its LayerNorms use {_TIMM_NORM_EPS}")
     if cfg.num_kv_heads not in (None, cfg.num_heads):
         raise _refuse("model.num_kv_heads", cfg.num_kv_heads, "it has no grouped-query attention")
-    sd = model.state_dict()
+    sd = state_with_norm_biases(model)
     if cfg.pooling == "mean":  # timm applies fc_norm after "avg" pooling and has no final norm
         sd = {("fc_norm." + k[len("norm."):] if k.startswith("norm.") else k): v for k, v in sd.items()}
     proj = sd["patch_embed.proj.weight"]  # (D, C, P, P)

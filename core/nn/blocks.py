@@ -54,10 +54,10 @@ class _Sublayers(nn.Module):
         cfg.validate()
         self.norm_first = cfg.norm_first
         self.mlp = build_mlp(cfg)
-        self.norm1 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
-        self.norm2 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.norm1 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
+        self.norm2 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
         if cross:  # built here, not in DecoderLayer, to keep the parameter order optimiser states rely on
-            self.norm3 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+            self.norm3 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
         self.drop_path = DropPath(drop_path)
 
     def _residual(self, x: Tensor, fn: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:

@@ -41,6 +41,7 @@ class TransformerConfig:
     norm_first: bool = True  # pre-norm (GPT, ViT) if true; post-norm (the 2017 paper) if false
     final_norm: bool | None = None  # norm after the last layer of each stack; None = norm_first
     bias: bool = True  # biases in the attention and feed-forward linear layers
+    norm_bias: bool = True  # LayerNorm's additive bias (nanoGPT's bias=False drops it too); RMSNorm has none
     dropout: float = 0.1  # residual dropout (each sublayer's output) and dropout on the input embeddings
     attn_dropout: float | None = None  # dropout on attention weights; None = dropout
     mlp_dropout: float | None = None  # dropout after the feed-forward activation; None = dropout

@@ -136,19 +136,20 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-def build_norm(kind: str, dim: int, eps: float = 1e-5) -> nn.Module:
+def build_norm(kind: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
     """Build a normalisation layer by short name.
 
     Args:
         kind: "layernorm" or "rmsnorm".
         dim: normalised (last) dim D.
         eps: numerical epsilon.
+        bias: LayerNorm's additive bias (RMSNorm has none).
 
     Raises:
         ValueError: on an unknown name.
     """
     if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=eps)
+        return nn.LayerNorm(dim, eps=eps, bias=bias)
     if kind == "rmsnorm":
         return RMSNorm(dim, eps=eps)
     raise ValueError(f"norm ({kind!r}) must be one of {NORMS}")

@@ -104,7 +104,7 @@ class TransformerStack(nn.Module):
         self.layers = nn.ModuleList(
             layer_cls(cfg, drop_path=p, rotary=rotary) for p in drop_path_rates(cfg.drop_path_rate, depth)
         )
-        self.norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps) if cfg.use_final_norm else nn.Identity()
+        self.norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias) if cfg.use_final_norm else nn.Identity()
         self.grad_checkpointing = False
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:

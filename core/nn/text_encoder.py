@@ -72,7 +72,7 @@ class TextEncoder(nn.Module):
         self.tok_embed = nn.Embedding(vocab_size, cfg.dim, padding_idx=pad_id)
         self.pos_embed = build_positions(cfg)
         self.type_embed = nn.Embedding(type_vocab_size, cfg.dim) if type_vocab_size > 0 else None
-        self.embed_norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.embed_norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
         self.embed_drop = nn.Dropout(cfg.dropout)
         self.encoder = TransformerEncoder(cfg)
         learned_pos = self.pos_embed if isinstance(self.pos_embed, LearnedPositionalEmbedding) else None

@@ -103,10 +103,10 @@ class Block(nn.Module):
             cfg: the block's options. drop_path: stochastic depth of both residual branches.
         """
         super().__init__()
-        self.norm1 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.norm1 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
         self.attn = build_attention(cfg)
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps)
+        self.norm2 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
         self.mlp = build_mlp(cfg)
         self.drop_path2 = DropPath(drop_path)
 
@@ -159,7 +159,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + num_patches, dim))
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.Sequential(*[Block(cfg, drop_path=p) for p in drop_path_rates(cfg.drop_path_rate, cfg.depth)])
-        self.norm = build_norm(cfg.norm, dim, cfg.norm_eps)
+        self.norm = build_norm(cfg.norm, dim, cfg.norm_eps, cfg.norm_bias)
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         if cfg.distilled:
             self.head_dist = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()

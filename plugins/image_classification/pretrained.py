@@ -52,7 +52,7 @@ def weights_problems(spec: str | None) -> list[str]:
 
 # model.* keys a tk ViT run's config.yaml sets for a run started from it
 VIT_SHAPE_KEYS = ("dim", "depth", "num_heads", "num_kv_heads", "mlp_ratio", "hidden_dim", "activation", "norm",
-                  "norm_eps", "final_norm", "bias", "patch_size", "stem", "pooling", "distilled")
+                  "norm_eps", "final_norm", "bias", "norm_bias", "patch_size", "stem", "pooling", "distilled")
 
 
 def open_vit_run(m: Any, img_size: int, given: Collection[str] | None = None) -> tuple[SourceRun, Any] | None:

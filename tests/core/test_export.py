@@ -75,7 +75,8 @@ def test_textcls_to_bert_matches_tk_logits(textcls_run):
     assert "text_classification" in card and "val/top1" in card and "AutoModelForSequenceClassification" in card
 
 
-@pytest.mark.parametrize("shape,hf_class", [([], "GPT2LMHeadModel"), (LLAMA, "LlamaForCausalLM")])
+@pytest.mark.parametrize("shape,hf_class", [([], "GPT2LMHeadModel"), (["model.norm_bias=false"], "GPT2LMHeadModel"),
+                                            (LLAMA, "LlamaForCausalLM")])
 def test_lm_to_transformers_greedy_tokens_match(tmp_path, shape, hf_class):
     transformers = pytest.importorskip("transformers")
     run = make_run(tmp_path / "lm", "lm_synthetic", *LM, *shape)

@@ -53,6 +53,12 @@ def test_no_decay_on_norms_biases_embeddings_and_listed_names():
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(Toy().parameters()))
 
 
+def test_decay_embeddings_decays_the_tables_but_not_norms_biases_or_listed_names():
+    wd = _decay_of(build_optimizer(Toy(), OptimConfig(weight_decay=0.1, decay_embeddings=True)))
+    assert wd["embed.weight"] == 0.1  # nanoGPT's rule: every 2-D tensor
+    assert wd["blocks.0.0.bias"] == wd["blocks.1.1.weight"] == wd["pos_embed"] == 0.0
+
+
 def test_decay_norm_and_bias_puts_everything_in_decay():
     opt = build_optimizer(Toy(), OptimConfig(weight_decay=0.1, decay_norm_and_bias=True))
     assert set(_decay_of(opt).values()) == {0.1}
