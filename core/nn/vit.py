@@ -178,7 +178,8 @@ class VisionTransformer(nn.Module):
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # model.norm_bias: false
+                    nn.init.zeros_(m.bias)
 
     # -- engine hooks ------------------------------------------------------------------
     def set_grad_checkpointing(self, enable: bool = True) -> None:

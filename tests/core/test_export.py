@@ -115,8 +115,13 @@ def test_mlm_to_bert_for_masked_lm_matches_tk_logits(tmp_path):
     assert "AutoModelForMaskedLM" in (out / "README.md").read_text()
 
 
-def test_vit_to_timm_matches_tk_logits(vit_run):
+@pytest.mark.parametrize("norm_bias", [True, False])
+def test_vit_to_timm_matches_tk_logits(vit_run, tmp_path, norm_bias):
     timm = pytest.importorskip("timm")
+    if not norm_bias:  # LayerNorms without bias: timm's always add one, so the export writes zeros
+        vit_run = make_run(tmp_path / "vit", "quickstart", *VIT, "model.norm_bias=false")
+        _, model = load_run(vit_run, "best")
+        assert all(m.bias is None for m in model.modules() if isinstance(m, torch.nn.LayerNorm))
     out = export(vit_run, "timm")
     spec = json.loads((out / "timm_model.json").read_text())
     theirs = timm.create_model(spec["model_name"], pretrained=True, **spec["kwargs"], pretrained_cfg_overlay=dict(
