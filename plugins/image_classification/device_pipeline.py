@@ -189,9 +189,12 @@ class BatchAugment:
         return x.sub_(mean).div_(std)
 
     def __call__(self, images: Tensor, training: bool) -> Tensor:
-        if not training:
-            return self.normalize(images)
-        images = random_flip(random_crop(images, self.crop_padding), self.hflip)
-        if self.rand_augment is not None:
-            images = self.rand_augment(images)
-        return random_erasing(self.normalize(images), self.re_prob)
+        # The engine calls this under the run's autocast: the geometric ops' grids and sharpness's
+        # convolution must stay float32 to give the worker path's pixels.
+        with torch.autocast(images.device.type, enabled=False):
+            if not training:
+                return self.normalize(images)
+            images = random_flip(random_crop(images, self.crop_padding), self.hflip)
+            if self.rand_augment is not None:
+                images = self.rand_augment(images)
+            return random_erasing(self.normalize(images), self.re_prob)
