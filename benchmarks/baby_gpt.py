@@ -231,7 +231,9 @@ def main() -> None:
         if step % c.log_every == 0:
             print(f"step {step:5d}  train loss {loss.item():.4f}  {time.perf_counter() - loop_start:7.1f} s", flush=True)
         if step % c.eval_every == 0 or step == c.max_iters:
-            curve.append((step, val_loss(forward, val, c, device)))
+            # eager, as tk's engine evaluates: the compiled forward would compile again for eval
+            # mode and another batch size, time tk's run does not spend
+            curve.append((step, val_loss(model, val, c, device)))
             print(f"step {step:5d}  val loss {curve[-1][1]:.4f}", flush=True)
     if device.type == "cuda":
         torch.cuda.synchronize()

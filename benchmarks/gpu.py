@@ -22,7 +22,8 @@ repetition, one warm-up each, compilation included in the warm-up), medians:
    ``../shared/data/cifar10`` when it is there, else generated shapes.
 
     python benchmarks/gpu.py                 # on a GPU: an estimated 4-5 minutes, most of it compilation
-    python benchmarks/gpu.py --only vit,lm   # some sections
+    python benchmarks/gpu.py --partial F     # also F: the JSON of the sections done so far, after each one
+    python benchmarks/gpu.py --only vit,lm   # some sections (all: lm, vit, data, translation, generation)
     python benchmarks/gpu.py --quick         # CPU dry run of every section (tiny shapes; part of the suite)
 
 Prints a table per section; the last line is one JSON object with the headline figures.
@@ -41,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -68,10 +70,10 @@ from tk.core.schedule import build_scheduler  # noqa: E402
 from tk.core.task import StepOutput, Task  # noqa: E402
 from tk.core.training.device import move_to_device  # noqa: E402
 
-SECTIONS = ("vit", "lm", "translation", "generation", "data")
+SECTIONS = ("lm", "vit", "data", "translation", "generation")  # the order of the goals, should time run out
 CIFAR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10"
 # Dense bf16 peaks from the vendors' sheets (FLOP/s); --peak-tflops overrides
-PEAKS = {"H100 PCIe": 756e12, "H200 NVL": 835e12, "H100": 989e12, "H200": 989e12, "GH200": 989e12,
+PEAKS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12, "H200": 989e12, "GH200": 989e12,
          "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 
 
@@ -100,8 +102,10 @@ def interleaved(fns: dict[str, Callable[[], Any]], reps: int, calls: int, device
 
 
 def compiled(model: torch.nn.Module, args: argparse.Namespace) -> Callable:
-    """``torch.compile`` (the eager backend in ``--quick``: the same tracing, no code generation)."""
-    return torch.compile(model, backend="eager" if args.quick else "inductor")
+    """``torch.compile`` with static shapes (the eager backend in ``--quick``: the same tracing, no
+    code generation). Static, because dynamo's cache belongs to the class's ``forward``: a second
+    shape of the same class would otherwise be compiled again with symbolic sizes."""
+    return torch.compile(model, backend="eager" if args.quick else "inductor", dynamic=False)
 
 
 def train_step(model: torch.nn.Module, forward: Callable, make_loss: Callable, device: torch.device) -> Callable:
@@ -138,6 +142,7 @@ def bench_vit(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
                   "imagenet": (dict(img_size=64, patch_size=16, dim=32, depth=2, num_heads=2, mlp_ratio=2.0), 4, 10)}
     result: dict[str, Any] = {}
     for name, (shape, batch, classes) in shapes.items():
+        torch._dynamo.reset()  # each shape compiled afresh, not as a recompile of the last
         torch.manual_seed(0)
         x = torch.randn(batch, 3, shape["img_size"], shape["img_size"], device=device)
         y = torch.randint(0, classes, (batch,), device=device)
@@ -206,24 +211,38 @@ def lm_config(args: argparse.Namespace, device: torch.device, steps: int, folder
     return cfg
 
 
-def _stamps(optimizer: torch.optim.Optimizer, device: torch.device) -> list[float]:
-    """Times at which each optimizer step ends (the device synchronised: GPU time, not launch time)."""
-    stamps: list[float] = []
+class StepTimes:
+    """When each optimizer step ends. On a GPU a CUDA event recorded in the stream, read after the
+    run: the loop is not synchronised by the measurement, so it keeps its own CPU/GPU overlap (a
+    bare loop never waits for the GPU; the engine waits once per step, which then counts)."""
 
-    def stamp(*_: Any) -> None:
-        sync(device)
-        stamps.append(time.perf_counter())
-    optimizer.register_step_post_hook(stamp)
-    return stamps
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.device, self.marks = device, []
+        optimizer.register_step_post_hook(self.mark)
+
+    def mark(self, *_: Any) -> None:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals(self) -> list[float]:
+        """Seconds between consecutive step ends."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return [a.elapsed_time(b) / 1000 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
 def run_engine(cfg) -> list[float]:
     """Seconds between the optimizer steps of ``Trainer.fit()``."""
     trainer = Trainer(cfg, GPTBench, run_dir=None)
-    stamps = _stamps(trainer.optimizer, trainer.device)
+    times = StepTimes(trainer.optimizer, trainer.device)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         trainer.fit()
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    return times.intervals()
 
 
 def run_bare(cfg, device: torch.device) -> list[float]:
@@ -238,7 +257,7 @@ def run_bare(cfg, device: torch.device) -> list[float]:
     forward = torch.compile(model) if t.compile else model
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.schedule, t.max_steps)
-    stamps = _stamps(optimizer, device)
+    times = StepTimes(optimizer, device)
     step = 0
     while step < t.max_steps:
         for batch in loader:
@@ -256,7 +275,7 @@ def run_bare(cfg, device: torch.device) -> list[float]:
                 loss.item()
             if step == t.max_steps:
                 break
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    return times.intervals()
 
 
 def peak_flops(device: torch.device, override: float | None) -> tuple[float | None, str]:
@@ -436,6 +455,10 @@ def bench_data(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
     return result
 
 
+BENCHES = {"vit": bench_vit, "lm": bench_lm, "translation": bench_translation, "generation": bench_generation,
+           "data": bench_data}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes on the CPU: checks that every section runs")
@@ -449,6 +472,8 @@ def main() -> None:
     parser.add_argument("--data-root", type=Path, default=CIFAR, help="the CIFAR-10 image folder (train/, val/)")
     parser.add_argument("--no-compile", action="store_true", help="eager only (compiled rows skipped)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak for the MFU")
+    parser.add_argument("--partial", type=Path, default=None,
+                        help="write the JSON of the sections done so far here after each one (kept if time runs out)")
     args = parser.parse_args()
     args.reps = args.reps or (1 if args.quick else 3)
     args.calls = args.calls or (1 if args.quick else 10)
@@ -464,14 +489,24 @@ def main() -> None:
     random.seed(0)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
     print(f"device: {gpu}; torch {torch.__version__}; timm {timm.__version__}; {time.strftime('%Y-%m-%d')}")
-    benches = {"vit": bench_vit, "lm": bench_lm, "translation": bench_translation, "generation": bench_generation,
-               "data": bench_data}
     results: dict[str, Any] = {"benchmark": "gpu", "device": gpu, "torch": torch.__version__, "quick": args.quick}
+    failed = []
     for name in sections:
         start = time.perf_counter()
-        results[name] = benches[name](args, device)
-        print(f"  ({name}: {time.perf_counter() - start:.0f} s)")
+        torch._dynamo.reset()  # no section inherits another's compiled code or recompile counts
+        try:
+            results[name] = BENCHES[name](args, device)
+        except Exception as error:  # one broken section must not cost the others' figures
+            traceback.print_exc()
+            results[name] = {"error": f"{type(error).__name__}: {error}"}
+            failed.append(name)
+        results[name]["seconds"] = round(time.perf_counter() - start, 1)
+        print(f"  ({name}: {results[name]['seconds']:.0f} s)")
+        if args.partial:
+            args.partial.write_text(json.dumps(results) + "\n")
     print(json.dumps(results))
+    if failed:
+        sys.exit(f"sections that failed: {', '.join(failed)} (tracebacks above)")
 
 
 if __name__ == "__main__":

@@ -127,7 +127,8 @@ def main() -> None:
             step += 1
             scheduler.step_update(step)
             if step % eval_every == 0 or step == updates:
-                curve.append((step, top1(forward, val_loader, device)))
+                # eager, as tk's engine evaluates (compiled, eval mode and batch 1000 compile again)
+                curve.append((step, top1(model, val_loader, device)))
                 print(f"step {step:5d}  loss {loss.item():.4f}  val top-1 {curve[-1][1]:.4f}  "
                       f"{time.perf_counter() - loop_start:6.1f} s", flush=True)
             fetch = time.perf_counter()

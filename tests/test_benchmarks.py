@@ -67,3 +67,22 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True
+
+
+def test_gpu_benchmark_keeps_the_other_sections_when_one_fails(tmp_path, monkeypatch, capsys) -> None:
+    # A GPU is lent for minutes: a section that breaks (or a run cut off by its time limit) must not
+    # cost the figures of the sections already measured.
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+
+    def broken(args, device):
+        raise RuntimeError("CUDA out of memory (planted)")
+    monkeypatch.setitem(gpu.BENCHES, "lm", broken)
+    partial = tmp_path / "gpu.json"
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--quick", "--only", "lm,generation", "--partial", str(partial)])
+    with pytest.raises(SystemExit, match="sections that failed: lm"):
+        gpu.main()
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads(partial.read_text())
+    assert last["lm"]["error"] == "RuntimeError: CUDA out of memory (planted)"
+    assert all(last["generation"][f"batch_{b}"]["same_tokens"] for b in (1, 16))
