@@ -36,7 +36,7 @@ from timm.data.random_erasing import RandomErasing
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from torchvision.datasets import FakeData, ImageFolder
 
 PROCESS_START = time.perf_counter()  # set-up and training; .ci/gpu_session times whole processes
@@ -57,7 +57,12 @@ def datasets(root: Path | None, quick: bool, size: int):
     """(train, val): the image folder, or generated images for a dry run with no root."""
     train_tf, eval_tf = transforms(size)
     if root is not None and (root / "train").is_dir() and (root / "val").is_dir():
-        return ImageFolder(str(root / "train"), train_tf), ImageFolder(str(root / "val"), eval_tf)
+        train, val = ImageFolder(str(root / "train"), train_tf), ImageFolder(str(root / "val"), eval_tf)
+        if quick:  # a dry run of the real folder path: 64 + 32 images drawn from it, every class likely
+            pick = torch.Generator().manual_seed(0)
+            train = Subset(train, torch.randperm(len(train), generator=pick)[:64].tolist())
+            val = Subset(val, torch.randperm(len(val), generator=pick)[:32].tolist())
+        return train, val
     if root is not None or not quick:
         raise SystemExit(f"vit_cifar_timm: {root} has no train/ and val/ folders; pass --root PATH/cifar10")
     shape = (3, size, size)
@@ -80,7 +85,7 @@ def top1(model: torch.nn.Module, loader: DataLoader, device: torch.device) -> fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=None,
-                        help="the image folder, train/ and val/ (default: ../shared/data/cifar10; quick: generated)")
+                        help="the image folder, train/ and val/ (default: ../shared/data/cifar10; quick: generated, or 64 + 32 images of ROOT)")
     parser.add_argument("--quick", action="store_true", help="a tiny model for two epochs on the CPU")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--epochs", type=int, default=None, help="default 150 (quick 2)")
