@@ -12,25 +12,25 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     # attention and masks
-    "MultiHeadAttention": "nn.attention", "KVCache": "nn.attention",
+    "MultiHeadAttention": "nn.attention", "KVCache": "nn.kv_cache",
     "scaled_dot_product_attention": "nn.attention", "attention_reference": "nn.attention",
     "padding_mask": "nn.masks", "causal_mask": "nn.masks", "merge_masks": "nn.masks",
     "to_additive": "nn.masks", "from_additive": "nn.masks",
     # positional encodings
     "SinusoidalPositionalEncoding": "nn.pos_embed", "LearnedPositionalEmbedding": "nn.pos_embed",
-    "RotaryEmbedding": "nn.pos_embed", "TokenEmbedding": "nn.pos_embed", "resample_pos_embed": "nn.pos_embed",
+    "RotaryEmbedding": "nn.rope", "TokenEmbedding": "nn.pos_embed", "resample_pos_embed": "nn.pos_embed",
     # model configs, layers, blocks, stacks, ViT
     "TransformerConfig": "nn.config", "ViTConfig": "nn.config",
     "Mlp": "nn.layers", "DropPath": "nn.layers", "RMSNorm": "nn.layers", "build_norm": "nn.layers",
     "EncoderLayer": "nn.blocks", "DecoderLayer": "nn.blocks", "DecoderOnlyLayer": "nn.blocks",
     "TransformerStack": "nn.stack", "DecoderCache": "nn.stack",
     "TransformerEncoder": "nn.transformer", "TransformerDecoder": "nn.transformer",
-    "EncoderDecoder": "nn.transformer", "DecoderOnlyLM": "nn.transformer",
+    "EncoderDecoder": "nn.transformer", "DecoderOnlyLM": "nn.lm",
     "LoRAConfig": "nn.lora", "LoRALinear": "nn.lora", "apply_lora": "nn.lora", "merge_lora": "nn.lora",
     "merged_state_dict": "nn.lora",
     "VisionTransformer": "nn.vit", "convert_timm_vit_state_dict": "nn.vit", "load_timm_vit": "nn.vit",
     # generation
-    "generate": "nn.generation", "GenerationConfig": "nn.decoding", "GenerationOutput": "nn.decoding",
+    "generate": "nn.generation", "GenerationConfig": "nn.generation", "GenerationOutput": "nn.generation",
     "greedy_decode": "nn.generation",
     "beam_search": "nn.generation", "sample": "nn.generation",
     # the task contract and the engine

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tk.core.nn.masks import causal_mask, merge_masks
+from tk.core.nn.kv_cache import KVCache
+from tk.core.nn.layers import RMSNorm
+from tk.core.nn.masks import causal_mask, merge_masks, sliding_window_mask
 
 # enable_gqa arrived in torch 2.5; older versions get k/v expanded to H heads instead.
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -43,6 +45,7 @@ def attention_reference(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Explicit matmul-softmax-matmul attention; slow, but returns the weights.
 
@@ -59,6 +62,8 @@ def attention_reference(
     if is_causal:
         mask = _causal_to_mask(mask, tq, tk, q.device)
     scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, Tq, Tk)
+    if softcap is not None:  # Gemma 2: scores squashed into (-c, c) before masking
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
@@ -78,6 +83,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     scale: float | None = None,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention on the fused ``F.scaled_dot_product_attention`` kernels, tk mask convention.
 
@@ -97,13 +103,16 @@ def scaled_dot_product_attention(
         dropout_p: dropout on the attention weights (pass 0.0 in eval).
         need_weights: use the explicit reference path and also return the weights.
         scale: score scale; defaults to 1/sqrt(Dh).
+        softcap: scores become ``softcap * tanh(score / softcap)`` before the softmax (Gemma 2);
+            the fused kernels cannot, so this runs the reference path.
 
     Returns:
         out (B, H, Tq, Dh), and weights (B, H, Tq, Tk) when ``need_weights`` else None.
     """
     tq, tk = q.shape[-2], k.shape[-2]
-    if need_weights:
-        return attention_reference(q, k, v, mask, is_causal, dropout_p, scale)
+    if need_weights or softcap is not None:
+        out, weights = attention_reference(q, k, v, mask, is_causal, dropout_p, scale, softcap)
+        return out, weights if need_weights else None
     if is_causal and (tq == 1 or mask is not None or tq != tk):
         if tq > 1:  # SDPA's is_causal is top-left aligned and excludes masks: build it.
             mask = _causal_to_mask(mask, tq, tk, q.device)
@@ -128,120 +137,6 @@ def scaled_dot_product_attention(
     allowed = ~mask | fully_masked  # SDPA convention: True = may attend
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale, **extra)
     return out.masked_fill(fully_masked, 0.0), None
-
-
-class KVCache:
-    """Keys and values of one attention layer, kept across incremental decoding steps.
-
-    Keys and values share one buffer (2, B, Hkv, capacity, Dh). Self-attention caches
-    (``static=False``) grow by one chunk per step: the buffer is preallocated to ``max_len``
-    positions on the first append and doubled if ever exceeded, so an append is one
-    in-place copy (of both, with :meth:`append_kv`). Cross-attention caches
-    (``static=True``) hold the keys/values computed once from the encoder output; the
-    module reuses them on later steps and ignores its ``context``.
-
-    Use under ``torch.no_grad()`` / ``torch.inference_mode()`` (decoding, not training).
-
-    Attributes:
-        length: number of positions stored (the position offset of the next token).
-        static: whether this is a compute-once cross-attention cache.
-    """
-
-    def __init__(self, max_len: int | None = None, *, static: bool = False) -> None:
-        """Args:
-            max_len: positions to preallocate on first append (a hint; grows if exceeded).
-            static: compute-once cache for cross-attention keys/values.
-        """
-        self.max_len = max_len
-        self.static = static
-        self.length = 0
-        self._kv: Tensor | None = None  # (2, B, Hkv, capacity, Dh): keys [0], values [1]
-
-    @property
-    def is_set(self) -> bool:
-        """True once keys/values are stored."""
-        return self._kv is not None and self.length > 0
-
-    @property
-    def k(self) -> Tensor | None:
-        """Stored keys (B, Hkv, length, Dh), or None."""
-        return None if self._kv is None else self._kv[0, :, :, : self.length]
-
-    @property
-    def v(self) -> Tensor | None:
-        """Stored values (B, Hkv, length, Dh), or None."""
-        return None if self._kv is None else self._kv[1, :, :, : self.length]
-
-    def stored(self) -> tuple[Tensor, Tensor]:
-        """Stored keys and values, each (B, Hkv, length, Dh) (views, no copy); needs ``is_set``."""
-        return (self._kv if self.static else self._kv.narrow(3, 0, self.length)).unbind(0)
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values (B, Hkv, Tn, Dh) and return all of them (B, Hkv, length, Dh).
-
-        For a static cache, the first call stores ``k``/``v`` and later calls return the
-        stored ones unchanged.
-
-        Raises:
-            ValueError: if batch size, heads or head dim differ from what is stored, or
-                keys and values differ in shape (they share one buffer, in the dtype of the
-                first keys stored).
-        """
-        if k.shape != v.shape:
-            raise ValueError(f"keys {tuple(k.shape)} and values {tuple(v.shape)} must have the same shape")
-        if self.static:
-            if not self.is_set:
-                self._kv, self.length = torch.stack([k, v]), k.shape[2]
-            return self.stored()
-        n = self._reserve(k)
-        self._kv[0].narrow(2, n, k.shape[2]).copy_(k)
-        self._kv[1].narrow(2, n, k.shape[2]).copy_(v)
-        return self.stored()
-
-    def append_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`append` for keys and values stacked as (2, B, Hkv, Tn, Dh), in one copy
-        (the layout a fused qkv projection gives for free). Growing caches only."""
-        if self.static:
-            raise ValueError("append_kv is for growing self-attention caches; a static cache takes append(k, v)")
-        n = self._reserve(kv[0])
-        self._kv.narrow(3, n, kv.shape[3]).copy_(kv)
-        return self.stored()
-
-    def _reserve(self, k: Tensor) -> int:
-        """Make room for ``k``'s positions (B, Hkv, Tn, Dh); return where they go (and count
-        them as stored)."""
-        n, need = self.length, self.length + k.shape[2]
-        if self._kv is None:
-            B, Hkv, _, Dh = k.shape
-            self._kv = k.new_empty(2, B, Hkv, max(need, self.max_len or 0), Dh)
-        else:
-            _, B, Hkv, capacity, Dh = self._kv.shape
-            if k.shape[0] != B or k.shape[1] != Hkv or k.shape[3] != Dh:
-                raise ValueError(
-                    f"KVCache holds (B, Hkv, Dh) = {(B, Hkv, Dh)} but got keys of shape {tuple(k.shape)}; "
-                    "after changing the batch call reorder(indices)"
-                )
-            if need > capacity:
-                old = self._kv
-                self._kv = old.new_empty(2, B, Hkv, max(need, 2 * capacity), Dh)
-                self._kv[:, :, :, :n] = old[:, :, :, :n]
-        self.length = need
-        return n
-
-    def reorder(self, indices: Tensor) -> None:
-        """Select batch rows in place (beam search): row i becomes old row ``indices[i]``.
-
-        Args:
-            indices: (B',) long tensor; B' may differ from B (e.g. dropping finished rows).
-        """
-        if self._kv is None:
-            return
-        indices = indices.to(self._kv.device)
-        if self.static or indices.numel() != self._kv.shape[1]:
-            self._kv = self._kv.index_select(1, indices)
-        else:  # copy only the filled part, keep the preallocated buffer
-            n = self.length
-            self._kv[:, :, :, :n] = self._kv[:, :, :, :n].index_select(1, indices)
 
 
 class MultiHeadAttention(nn.Module):
@@ -269,10 +164,16 @@ class MultiHeadAttention(nn.Module):
         proj_dropout: float = 0.0,
         cross_attention: bool = False,
         rotary: nn.Module | None = None,
+        head_dim: int | None = None,
+        qk_norm_eps: float | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
     ) -> None:
         """Args:
             dim: model width D.
-            num_heads: query heads H; D must be divisible by H (Dh = D // H).
+            num_heads: query heads H; D must be divisible by H (Dh = D // H) unless
+                ``head_dim`` is given.
             num_kv_heads: key/value heads Hkv (H must be divisible by it); None = H,
                 1 = multi-query attention.
             qkv_bias: bias in the q/k/v projections.
@@ -281,31 +182,44 @@ class MultiHeadAttention(nn.Module):
             attn_dropout: dropout on attention weights.
             proj_dropout: dropout on the output (the residual dropout).
             cross_attention: keys/values come from ``context`` (an encoder output).
-            rotary: optional :class:`tk.core.nn.pos_embed.RotaryEmbedding` applied to q and k
+            rotary: optional :class:`tk.core.nn.rope.RotaryEmbedding` applied to q and k
                 (self-attention only).
+            head_dim: Dh when it is not D // H (Gemma, Qwen3): q is H * Dh wide, ``proj`` maps
+                H * Dh -> D.
+            qk_norm_eps: RMSNorm each head's queries and keys (``q_norm``, ``k_norm``, over Dh)
+                before rotary, with this epsilon (Qwen3); None = no such norm.
+            scale: score scale; None = Dh ** -0.5.
+            softcap: attention logit soft-capping (see :func:`scaled_dot_product_attention`).
+            window: causal self-attention sees only the last ``window`` positions (itself
+                included), also over a KV cache; None = all.
 
         Raises:
             ValueError: on indivisible dims or head counts.
         """
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if dim % num_heads != 0 and head_dim is None:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), or give head_dim")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})")
         if cross_attention and rotary is not None:
             raise ValueError("rotary embeddings apply to self-attention only; pass rotary=None for cross-attention")
         self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
+        self.q_dim = num_heads * self.head_dim  # = D unless head_dim was given
         self.cross_attention = cross_attention
         kv_dim = num_kv_heads * self.head_dim
         if fused_qkv and not cross_attention:
-            self.qkv = nn.Linear(dim, dim + 2 * kv_dim, bias=qkv_bias)
+            self.qkv = nn.Linear(dim, self.q_dim + 2 * kv_dim, bias=qkv_bias)
         else:
-            self.q_proj = nn.Linear(dim, dim, bias=qkv_bias)
+            self.q_proj = nn.Linear(dim, self.q_dim, bias=qkv_bias)
             self.k_proj = nn.Linear(dim, kv_dim, bias=qkv_bias)
             self.v_proj = nn.Linear(dim, kv_dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj = nn.Linear(self.q_dim, dim, bias=proj_bias)
+        if qk_norm_eps is not None:
+            self.q_norm, self.k_norm = RMSNorm(self.head_dim, qk_norm_eps), RMSNorm(self.head_dim, qk_norm_eps)
+        self.qk_norm = qk_norm_eps is not None
+        self.scale, self.softcap, self.window = scale, softcap, window
         self.attn_dropout = attn_dropout
         self.proj_dropout = nn.Dropout(proj_dropout)
         self.rotary = rotary
@@ -329,20 +243,22 @@ class MultiHeadAttention(nn.Module):
             if context is not None:
                 raise ValueError("got `context` but this module is self-attention; build it with cross_attention=True")
             kv_dim = self.num_kv_heads * self.head_dim
-            if hasattr(self, "qkv") and cache is not None and self.rotary is None:
+            if hasattr(self, "qkv") and cache is not None and self.rotary is None and not self.qk_norm:
                 # Decoding: keys and values stay stacked, (2, B, Hkv, T, Dh), in the layout of
                 # the qkv rows: 5 view ops instead of 7, and one cache copy for both. (Not without
                 # a cache, i.e. training: that layout's backward costs one more copy than split's.)
                 B, T, _ = x.shape
-                q, kv = self.qkv(x).split([self.dim, 2 * kv_dim], dim=-1)
+                q, kv = self.qkv(x).split([self.q_dim, 2 * kv_dim], dim=-1)
                 kv = kv.view(B, T, 2, self.num_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
                 return (self._heads(q, self.num_heads), *cache.append_kv(kv))
             if hasattr(self, "qkv"):
-                q, k, v = self.qkv(x).split([self.dim, kv_dim, kv_dim], dim=-1)
+                q, k, v = self.qkv(x).split([self.q_dim, kv_dim, kv_dim], dim=-1)
             else:
                 q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
             q = self._heads(q, self.num_heads)
             k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
             if self.rotary is not None:
                 offset = 0 if cache is None else cache.length
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
@@ -389,12 +305,15 @@ class MultiHeadAttention(nn.Module):
         B, Tq, _ = x.shape
         q, k, v = self._project(x, context, cache)
         mask = merge_masks(attn_mask, key_padding_mask, tq=Tq, tk=k.shape[2])
+        if self.window is not None and k.shape[2] > self.window:  # keys too far back (a shorter input needs none)
+            far = sliding_window_mask(Tq, self.window, q.device, num_keys=k.shape[2])
+            mask = far if mask is None else mask | far
         out, weights = scaled_dot_product_attention(
             q, k, v, mask, is_causal,
             dropout_p=self.attn_dropout if self.training else 0.0,
-            need_weights=need_weights or not self.fused_attn,
+            need_weights=need_weights or not self.fused_attn, scale=self.scale, softcap=self.softcap,
         )
-        out = self.proj(out.transpose(1, 2).reshape(B, Tq, self.dim))  # (B, Tq, D)
+        out = self.proj(out.transpose(1, 2).reshape(B, Tq, self.q_dim))  # (B, Tq, H * Dh)
         if self.training:  # dropout is the identity in eval (skipped: per-token decoding overhead)
             out = self.proj_dropout(out)
         return (out, weights) if need_weights else out

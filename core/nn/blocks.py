@@ -8,7 +8,9 @@ https://arxiv.org/abs/2002.04745.
 Sublayer: post-norm ``x = norm(x + drop_path(f(x)))``; pre-norm ``x = x + drop_path(f(norm(x)))``.
 Residual dropout (``cfg.dropout``) sits inside the sublayers (attention ``proj_dropout``,
 Mlp's ``drop2``), which matches ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer``.
-Parameter names: ``self_attn``, ``cross_attn``, ``mlp``, ``norm1``, ``norm2`` (``norm3``).
+Parameter names: ``self_attn``, ``cross_attn``, ``mlp``, ``norm1``, ``norm2`` (``norm3``); with
+``cfg.sandwich_norm`` (Gemma 2) also ``post_norm1``, ``post_norm2`` (``post_norm3``), applied to each
+sublayer's output before the residual add: ``x = x + drop_path(post(f(norm(x))))``.
 """
 
 from __future__ import annotations
@@ -20,29 +22,39 @@ from torch import Tensor, nn
 from tk.core.nn.attention import KVCache, MultiHeadAttention
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.layers import DropPath, Mlp, RMSNorm, build_norm
-from tk.core.nn.pos_embed import RotaryEmbedding
+from tk.core.nn.rope import build_rotary
 
 __all__ = ["EncoderLayer", "DecoderLayer", "DecoderOnlyLayer", "Mlp", "DropPath", "RMSNorm", "build_norm"]
 
 
-def build_attention(cfg: TransformerConfig, *, cross: bool = False, rotary: nn.Module | None = None) -> MultiHeadAttention:
-    """The attention of a layer of ``cfg``: heads, kv heads, bias and dropouts from the config."""
+def norm_of(cfg: TransformerConfig, dim: int | None = None) -> nn.Module:
+    """A norm of ``cfg`` (kind, epsilon, LayerNorm bias, RMSNorm weight offset) over ``dim`` (default D)."""
+    return build_norm(cfg.norm, cfg.dim if dim is None else dim, cfg.norm_eps, cfg.norm_bias, cfg.norm_weight_offset)
+
+
+def build_attention(cfg: TransformerConfig, *, cross: bool = False, rotary: nn.Module | None = None,
+                    window: int | None = None) -> MultiHeadAttention:
+    """The attention of a layer of ``cfg``: heads (and their width), kv heads, biases, dropouts,
+    q/k norms, score scale and soft-cap from the config; ``window`` for sliding-window layers."""
+    qkv_bias, proj_bias, _ = cfg.biases()
     return MultiHeadAttention(
-        cfg.dim, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=cfg.bias, proj_bias=cfg.bias,
+        cfg.dim, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=qkv_bias, proj_bias=proj_bias,
         attn_dropout=cfg.attn_dropout_p, proj_dropout=cfg.dropout, cross_attention=cross, rotary=rotary,
+        head_dim=cfg.head_dim, qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, scale=cfg.attn_scale,
+        softcap=cfg.attn_logit_softcapping, window=None if cross else window,
     )
 
 
-def _self_attention(cfg: TransformerConfig, rotary: nn.Module | None) -> MultiHeadAttention:
+def _self_attention(cfg: TransformerConfig, rotary: nn.Module | None, window: int | None = None) -> MultiHeadAttention:
     """Self-attention with the given rotary module, or one of its own for rotary positions."""
     if rotary is None and cfg.pos_encoding == "rotary":
-        rotary = RotaryEmbedding(cfg.dim // cfg.num_heads)
-    return build_attention(cfg, rotary=rotary)
+        rotary = build_rotary(cfg)
+    return build_attention(cfg, rotary=rotary, window=window)
 
 
 def build_mlp(cfg: TransformerConfig) -> Mlp:
     """The feed-forward of a layer of ``cfg``: width, activation, bias and dropouts."""
-    return Mlp(cfg.dim, cfg.ffn_dim, activation=cfg.activation, dropout=cfg.mlp_dropout_p, bias=cfg.bias,
+    return Mlp(cfg.dim, cfg.ffn_dim, activation=cfg.activation, dropout=cfg.mlp_dropout_p, bias=cfg.biases()[2],
                proj_dropout=cfg.dropout)
 
 
@@ -54,17 +66,28 @@ class _Sublayers(nn.Module):
         cfg.validate()
         self.norm_first = cfg.norm_first
         self.mlp = build_mlp(cfg)
-        self.norm1 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
-        self.norm2 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
+        self.norm1 = norm_of(cfg)
+        self.norm2 = norm_of(cfg)
         if cross:  # built here, not in DecoderLayer, to keep the parameter order optimiser states rely on
-            self.norm3 = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias)
+            self.norm3 = norm_of(cfg)
+        self.post_norms = {}  # sandwich norms by their pre-norm's name (Gemma 2)
+        if cfg.sandwich_norm:
+            for i in range(1, 4 if cross else 3):
+                setattr(self, f"post_norm{i}", norm_of(cfg))
+                self.post_norms[f"norm{i}"] = f"post_norm{i}"
         self.drop_path = DropPath(drop_path)
 
     def _residual(self, x: Tensor, fn: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:
         branch = fn(norm(x)) if self.norm_first else fn(x)
+        if self.post_norms:
+            branch = getattr(self, self.post_norms[self._norm_name(norm)])(branch)
         if self.training:  # DropPath is the identity in eval (skipped: per-token decoding overhead)
             branch = self.drop_path(branch)
         return x + branch if self.norm_first else norm(x + branch)
+
+
+    def _norm_name(self, norm: nn.Module) -> str:
+        return next(n for n in ("norm1", "norm2", "norm3") if getattr(self, n, None) is norm)
 
 
 class EncoderLayer(_Sublayers):
@@ -72,19 +95,22 @@ class EncoderLayer(_Sublayers):
 
     default_causal = False
 
-    def __init__(self, cfg: TransformerConfig, *, drop_path: float = 0.0, rotary: nn.Module | None = None) -> None:
+    def __init__(self, cfg: TransformerConfig, *, drop_path: float = 0.0, rotary: nn.Module | None = None,
+                 window: int | None = None) -> None:
         """Args:
             cfg: every option (dim, heads, kv heads, FFN, activation, norm, dropouts, bias).
             drop_path: stochastic-depth probability of each residual branch of this layer
                 (a stack sets it from ``cfg.drop_path_rate``).
             rotary: a ``RotaryEmbedding`` shared by the layers of a stack; default: one of
                 its own when ``cfg.pos_encoding == "rotary"``, else none.
+            window: sliding window of this layer's self-attention (a stack passes
+                ``cfg.window_of(i)``); None = full attention.
 
         Raises:
             ValueError: on any ``cfg.check()`` problem.
         """
         super().__init__(cfg, drop_path)
-        self.self_attn = _self_attention(cfg, rotary)
+        self.self_attn = _self_attention(cfg, rotary, window)
 
     def forward(
         self,
@@ -126,10 +152,11 @@ class DecoderOnlyLayer(EncoderLayer):
 class DecoderLayer(_Sublayers):
     """Causal self-attention + cross-attention to the encoder output + feed-forward."""
 
-    def __init__(self, cfg: TransformerConfig, *, drop_path: float = 0.0, rotary: nn.Module | None = None) -> None:
-        """Args: as :class:`EncoderLayer`; ``rotary`` applies to self-attention only."""
+    def __init__(self, cfg: TransformerConfig, *, drop_path: float = 0.0, rotary: nn.Module | None = None,
+                 window: int | None = None) -> None:
+        """Args: as :class:`EncoderLayer`; ``rotary`` and ``window`` apply to self-attention only."""
         super().__init__(cfg, drop_path, cross=True)
-        self.self_attn = _self_attention(cfg, rotary)
+        self.self_attn = _self_attention(cfg, rotary, window)
         self.cross_attn = build_attention(cfg, cross=True)
 
     def forward(

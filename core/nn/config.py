@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 from tk.core.nn.lora import LoRAConfig
+from tk.core.nn.rope import rope_scaling_problems
 
-ACTIVATIONS = ("gelu", "relu", "swiglu")
+# gelu: exact (erf); gelu_tanh: the tanh approximation (GPT-2 gelu_new, gelu_pytorch_tanh); geglu /
+# geglu_tanh / swiglu: gated (fc1 packs [gate; value]: Gemma uses geglu_tanh, Llama swiglu)
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 NORMS = ("layernorm", "rmsnorm")
 POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "none")
 POOLINGS = ("cls", "mean")
@@ -35,7 +40,7 @@ class TransformerConfig:
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None = num_heads, 1 = MQA
     mlp_ratio: float = 4.0  # feed-forward hidden width / dim (used when hidden_dim is None)
     hidden_dim: int | None = None  # feed-forward hidden width in units; None = int(dim * mlp_ratio)
-    activation: Literal["relu", "gelu", "swiglu"] = "gelu"  # feed-forward activation
+    activation: Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "geglu_tanh"] = "gelu"  # feed-forward activation (gated: swiglu, geglu, geglu_tanh)
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation layer kind
     norm_eps: float = 1e-5  # epsilon added inside every norm
     norm_first: bool = True  # pre-norm (GPT, ViT) if true; post-norm (the 2017 paper) if false
@@ -50,6 +55,21 @@ class TransformerConfig:
     max_len: int = 1024  # positions in the learned/sinusoidal table (tokens); learned raises beyond it
     tie_embeddings: bool = True  # output projection shares the (target) token embedding weight
     share_embeddings: bool = False  # encoder-decoder: one embedding for source and target (one joint vocab)
+    head_dim: int | None = None  # width Dh of one attention head; None = dim // num_heads (Gemma, Qwen3 set it apart)
+    qkv_bias: bool | None = None  # biases of the q/k/v projections; None = bias (Qwen2: true, the rest false)
+    proj_bias: bool | None = None  # bias of the attention output projection; None = bias
+    mlp_bias: bool | None = None  # biases of the feed-forward linears; None = bias
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys, before rotary (Qwen3)
+    norm_weight_offset: float = 0.0  # norms scale by (offset + weight): Gemma's (1 + w) RMSNorm is 1.0
+    scale_embedding: bool = False  # decoder-only LM: token embeddings times sqrt(dim) (Gemma); encoder-decoders always scale
+    rope_theta: float = 10000.0  # rotary frequency base (Llama 3: 5e5, Qwen2.5: 1e6)
+    rope_scaling: dict[str, Any] | None = None  # rotary frequency scaling as transformers writes it: {rope_type: linear|llama3, factor: ..., ...}
+    attn_scale: float | None = None  # attention score scale; None = head_dim ** -0.5 (Gemma 2: query_pre_attn_scalar ** -0.5)
+    attn_logit_softcapping: float | None = None  # attention scores -> c * tanh(score / c) before the softmax (Gemma 2: 50)
+    final_logit_softcapping: float | None = None  # output logits -> c * tanh(logit / c) (Gemma 2: 30)
+    sandwich_norm: bool = False  # pre-norm layers also normalise each sublayer's output before the residual add (Gemma 2)
+    sliding_window: int | None = None  # causal self-attention sees only the last N positions, itself included (Mistral); None = all
+    layer_types: list[str] | None = None  # per layer full_attention or sliding_attention (Gemma 2 alternates); None = sliding_window everywhere
     lora: LoRAConfig | None = None  # low-rank adapters, the rest frozen (docs/lora.md); null: train every weight
 
     # -- derived values ----------------------------------------------------------------
@@ -57,6 +77,23 @@ class TransformerConfig:
     def ffn_dim(self) -> int:
         """Feed-forward hidden width: ``hidden_dim`` or ``int(dim * mlp_ratio)``."""
         return self.hidden_dim if self.hidden_dim is not None else int(self.dim * self.mlp_ratio)
+
+    @property
+    def attn_head_dim(self) -> int:
+        """Width of one attention head: ``head_dim`` or ``dim // num_heads``."""
+        return self.head_dim if self.head_dim is not None else self.dim // max(self.num_heads, 1)
+
+    def biases(self) -> tuple[bool, bool, bool]:
+        """(q/k/v, attention output, feed-forward) biases: each flag or, where None, ``bias``."""
+        return tuple(self.bias if b is None else b for b in (self.qkv_bias, self.proj_bias, self.mlp_bias))
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None: full attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def attn_dropout_p(self) -> float:
@@ -85,8 +122,9 @@ class TransformerConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{k(name)} ({value}) must be >= 1 or null")
-        if self.num_heads >= 1 and self.dim % self.num_heads:
-            problems.append(f"{k('dim')} ({self.dim}) must be divisible by {k('num_heads')} ({self.num_heads})")
+        if self.num_heads >= 1 and self.dim % self.num_heads and self.head_dim is None:
+            problems.append(f"{k('dim')} ({self.dim}) must be divisible by {k('num_heads')} ({self.num_heads}), "
+                            f"or set {k('head_dim')}")
         kv = self.num_kv_heads
         if kv is not None and kv >= 1 and self.num_heads % kv:
             problems.append(f"{k('num_heads')} ({self.num_heads}) must be divisible by {k('num_kv_heads')} ({kv})")
@@ -101,12 +139,42 @@ class TransformerConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 problems.append(f"{k(name)} ({value}) must be in [0, 1)")
-        head_dim = self.dim // self.num_heads if self.num_heads >= 1 else 0
+        head_dim = self.attn_head_dim if self.num_heads >= 1 else 0
         if self.pos_encoding == "rotary" and head_dim % 2:
-            problems.append(f"{k('pos_encoding')} 'rotary' needs an even head dim, got "
-                            f"{k('dim')} / {k('num_heads')} = {head_dim}")
+            problems.append(f"{k('pos_encoding')} 'rotary' needs an even head dim, got {head_dim}")
+        problems += self._variant_problems(k)
         if self.lora is not None:
             problems += self.lora.check(k("lora"))
+        return problems
+
+    def _variant_problems(self, k: Any) -> list[str]:
+        """The checks of the options pretrained decoder families add."""
+        problems = []
+        for name in ("head_dim", "sliding_window"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{k(name)} ({value}) must be >= 1 or null")
+        for name in ("attn_scale", "attn_logit_softcapping", "final_logit_softcapping"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                problems.append(f"{k(name)} ({value}) must be > 0 or null")
+        if not self.rope_theta > 0:
+            problems.append(f"{k('rope_theta')} ({self.rope_theta}) must be > 0")
+        problems += rope_scaling_problems(self.rope_scaling, k("rope_scaling"))
+        if self.rope_scaling is not None and self.pos_encoding != "rotary":
+            problems.append(f"{k('rope_scaling')} needs {k('pos_encoding')} 'rotary'")
+        if self.layer_types is not None:
+            bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
+            if bad:
+                problems.append(f"{k('layer_types')} has {bad}; each must be one of {', '.join(LAYER_TYPES)}")
+            for name in ("depth", "decoder_depth"):
+                n = getattr(self, name)
+                if name == "depth" and self.decoder_depth is None or name == "decoder_depth" and n is not None:
+                    if n is not None and len(self.layer_types) != n:
+                        problems.append(f"{k('layer_types')} lists {len(self.layer_types)} layers but "
+                                        f"{k(name)} is {n}")
+        if self.sandwich_norm and not self.norm_first:
+            problems.append(f"{k('sandwich_norm')} needs {k('norm_first')} true (it adds norms to pre-norm layers)")
         return problems
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Small Transformer layers: the feed-forward Mlp (GELU/ReLU/SwiGLU), DropPath, RMSNorm.
+"""Small Transformer layers: the feed-forward Mlp (GELU/ReLU/SiLU, gated SwiGLU/GeGLU), DropPath, RMSNorm.
 
 Papers: SwiGLU, "GLU Variants Improve Transformer" (Shazeer, 2020), https://arxiv.org/abs/2002.05202;
 stochastic depth, "Deep Networks with Stochastic Depth" (Huang et al., 2016),
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tk.core.nn.config import ACTIVATIONS, NORMS
+from tk.core.nn.config import ACTIVATIONS, GATED_ACTIVATIONS, NORMS
 
 
 class SwiGLUAct(nn.Module):
@@ -23,6 +23,25 @@ class SwiGLUAct(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate, value = x.chunk(2, dim=-1)
         return F.silu(gate) * value
+
+
+class GeGLUAct(nn.Module):
+    """GeGLU gate on a packed input: gelu(gate) * value, exact or tanh-approximated GELU
+    (Gemma's ``gelu_pytorch_tanh``); halves as :class:`SwiGLUAct`."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, value = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate=self.approximate) * value
+
+
+def build_activation(name: str) -> nn.Module:
+    """The module of an ``ACTIVATIONS`` name (gated ones take the packed ``[gate; value]``)."""
+    return {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU,
+            "swiglu": SwiGLUAct, "geglu": GeGLUAct, "geglu_tanh": lambda: GeGLUAct("tanh")}[name]()
 
 
 class Mlp(nn.Module):
@@ -48,7 +67,8 @@ class Mlp(nn.Module):
         """Args:
             dim: input width D.
             hidden_dim: hidden width (for SwiGLU, the width after gating).
-            activation: "gelu" (exact, as timm/BERT), "relu" (the paper) or "swiglu".
+            activation: one of ``ACTIVATIONS``: "gelu" (exact, as timm/BERT), "gelu_tanh"
+                (GPT-2), "relu" (the paper), "silu", or gated "swiglu", "geglu", "geglu_tanh".
             dropout: dropout after the activation.
             bias: biases in ``fc1``/``fc2``.
             out_dim: output width; defaults to ``dim``.
@@ -60,9 +80,9 @@ class Mlp(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation ({activation!r}) must be one of {ACTIVATIONS}")
-        gated = activation == "swiglu"
+        gated = activation in GATED_ACTIVATIONS
         self.fc1 = nn.Linear(dim, 2 * hidden_dim if gated else hidden_dim, bias=bias)
-        self.act = {"gelu": nn.GELU, "relu": nn.ReLU, "swiglu": SwiGLUAct}[activation]()
+        self.act = build_activation(activation)
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(hidden_dim, out_dim or dim, bias=bias)
         self.drop2 = nn.Dropout(dropout if proj_dropout is None else proj_dropout)
@@ -112,31 +132,34 @@ class DropPath(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm: x / sqrt(mean(x^2) + eps) * weight (no mean, no bias).
+    """Root-mean-square norm: x / sqrt(mean(x^2) + eps) * (offset + weight) (no mean, no bias).
 
-    Computed in float32 for half-precision inputs.
+    Computed in float32 for half-precision inputs. ``offset`` 1 is Gemma's ``(1 + w)`` norm (its
+    weights start at zero and are stored that way).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6, offset: float = 0.0) -> None:
         """Args:
             dim: normalised (last) dim D.
             eps: added to the mean square.
+            offset: added to the weight when scaling (the weight starts at ``1 - offset``).
         """
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., D) -> (..., D)."""
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        w = self.weight.float()
+        return (xf * (w + self.offset if self.offset else w)).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (f", offset={self.offset}" if self.offset else "")
 
 
-def build_norm(kind: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+def build_norm(kind: str, dim: int, eps: float = 1e-5, bias: bool = True, offset: float = 0.0) -> nn.Module:
     """Build a normalisation layer by short name.
 
     Args:
@@ -144,12 +167,15 @@ def build_norm(kind: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.
         dim: normalised (last) dim D.
         eps: numerical epsilon.
         bias: LayerNorm's additive bias (RMSNorm has none).
+        offset: RMSNorm scales by ``offset + weight`` (Gemma: 1).
 
     Raises:
-        ValueError: on an unknown name.
+        ValueError: on an unknown name, or an offset for LayerNorm.
     """
     if kind == "layernorm":
+        if offset:
+            raise ValueError(f"norm_weight_offset ({offset}) applies to rmsnorm only")
         return nn.LayerNorm(dim, eps=eps, bias=bias)
     if kind == "rmsnorm":
-        return RMSNorm(dim, eps=eps)
+        return RMSNorm(dim, eps=eps, offset=offset)
     raise ValueError(f"norm ({kind!r}) must be one of {NORMS}")

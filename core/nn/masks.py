@@ -69,6 +69,20 @@ def causal_mask(T: int, device: torch.device | str | None = None, *, num_keys: i
     return torch.triu(ones, diagonal=num_keys - T + 1)
 
 
+def sliding_window_mask(T: int, window: int, device: torch.device | str | None = None, *,
+                        num_keys: int | None = None) -> Tensor:
+    """Sliding-window mask (Mistral, Gemma 2): query i may not attend to keys ``window`` or more
+    positions before it; with the causal mask, each query sees itself and the ``window - 1``
+    keys before it. Queries are the last T of ``num_keys`` positions, as in :func:`causal_mask`.
+
+    Returns:
+        (Tq, Tk) bool, True where a key is too far back (masked).
+    """
+    Tk = T if num_keys is None else num_keys
+    q = torch.arange(Tk - T, Tk, device=device)[:, None]
+    return (q - torch.arange(Tk, device=device)[None, :]) >= window
+
+
 def merge_masks(
     attn_mask: Tensor | None = None,
     key_padding_mask: Tensor | None = None,

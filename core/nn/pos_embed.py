@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tk.core.nn.config import POS_ENCODINGS, TransformerConfig
+from tk.core.nn.rope import RotaryEmbedding  # noqa: F401  (its home before tk.core.nn.rope)
 
 
 def sinusoidal_table(num_pos: int, dim: int, offset: int = 0, device=None) -> Tensor:
@@ -116,66 +117,6 @@ class LearnedPositionalEmbedding(nn.Module):
         if positions is not None:
             return x + self.weight[positions]
         return x + self.weight[offset : offset + x.shape[1]]
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoPE), applied to queries and keys inside attention.
-
-    Uses the "rotate half" layout (GPT-NeoX / LLaMA in HF): channel j is paired with
-    channel j + Dh/2. The cos/sin tables grow on demand, so any length works. Pass it to
-    ``MultiHeadAttention(..., rotary=RotaryEmbedding(head_dim))``; the attention supplies
-    the offset (the KV-cache length) during cached decoding.
-    """
-
-    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
-        """Args:
-            head_dim: Dh, must be even.
-            base: frequency base.
-
-        Raises:
-            ValueError: if ``head_dim`` is odd.
-        """
-        super().__init__()
-        if head_dim % 2 != 0:
-            raise ValueError(f"RotaryEmbedding head_dim ({head_dim}) must be even")
-        self.head_dim, self.base = head_dim, base
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("_cos", torch.empty(0, head_dim), persistent=False)
-        self.register_buffer("_sin", torch.empty(0, head_dim), persistent=False)
-
-    def _tables(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        if self._cos.shape[0] < length or self._cos.device != device:
-            n = max(length, 2 * self._cos.shape[0])  # grow geometrically
-            # Ordinary tensors even when grown inside generate()'s inference_mode: training
-            # afterwards saves them for backward, which inference tensors cannot be.
-            with torch.inference_mode(False):
-                pos = torch.arange(n, dtype=torch.float32, device=device)
-                freqs = torch.outer(pos, self.inv_freq.to(device))  # (n, Dh/2)
-                emb = torch.cat([freqs, freqs], dim=-1)  # (n, Dh)
-                self._cos, self._sin = emb.cos(), emb.sin()
-        return self._cos, self._sin
-
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Rotate x by its positions.
-
-        Args:
-            x: (B, H, T, Dh) queries or keys.
-            offset: position of x's first token.
-
-        Returns:
-            (B, H, T, Dh), same dtype as x (computed in float32).
-        """
-        T = x.shape[-2]
-        cos, sin = self._tables(offset + T, x.device)
-        cos, sin = cos[offset : offset + T], sin[offset : offset + T]  # (T, Dh)
-        xf = x.float()
-        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
 
 
 class TokenEmbedding(nn.Embedding):

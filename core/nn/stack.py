@@ -16,10 +16,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tk.core.nn.attention import KVCache
+from tk.core.nn.kv_cache import KVCache
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.layers import build_norm
-from tk.core.nn.pos_embed import RotaryEmbedding
+from tk.core.nn.rope import build_rotary
 
 
 class DecoderCache:
@@ -100,11 +100,15 @@ class TransformerStack(nn.Module):
         super().__init__()
         cfg.validate()
         depth = cfg.depth if depth is None else depth
-        rotary = RotaryEmbedding(cfg.dim // cfg.num_heads) if cfg.pos_encoding == "rotary" else None
+        rotary = build_rotary(cfg) if cfg.pos_encoding == "rotary" else None
+        # a window only where one is set: a plugin's own layer class need not take the argument
+        windows = [{"window": cfg.window_of(i)} if cfg.sliding_window else {} for i in range(depth)]
         self.layers = nn.ModuleList(
-            layer_cls(cfg, drop_path=p, rotary=rotary) for p in drop_path_rates(cfg.drop_path_rate, depth)
+            layer_cls(cfg, drop_path=p, rotary=rotary, **w)
+            for p, w in zip(drop_path_rates(cfg.drop_path_rate, depth), windows)
         )
-        self.norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias) if cfg.use_final_norm else nn.Identity()
+        norm = build_norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_bias, cfg.norm_weight_offset)
+        self.norm = norm if cfg.use_final_norm else nn.Identity()
         self.grad_checkpointing = False
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -31,7 +31,7 @@ from tk.core.engine.inference import (
 from tk.core.errors import TkError
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
-from tk.core.nn.decoding import GenerationConfig
+from tk.core.nn.generation.decoding import GenerationConfig
 from tk.core.nn.generation import generate
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task

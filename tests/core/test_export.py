@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tk.core.cli.main import cli
 from tk.core.engine.inference import load_run
-from tk.core.nn.decoding import GenerationConfig
+from tk.core.nn.generation.decoding import GenerationConfig
 from tk.core.nn.generation import generate
 
 FAST = ["train.progress=false", "train.num_workers=0", "train.max_steps=4", "train.eval_every=2"]

@@ -11,7 +11,7 @@ import torch
 from tk.core.config import build_dataclass
 from tk.core.errors import TkError
 from tk.core.nn.config import TransformerConfig
-from tk.core.nn.decoding import sample_next, top_k_filter, top_p_filter
+from tk.core.nn.generation.decoding import sample_next, top_k_filter, top_p_filter
 from tk.core.nn.generation import GenerationConfig, beam_search, generate, greedy_decode, sample
 from tk.core.nn.transformer import DecoderOnlyLM, EncoderDecoder
 

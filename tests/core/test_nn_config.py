@@ -124,7 +124,7 @@ def test_check_names_each_problem():
                             drop_path_rate=1.5, activation="elu", norm="batchnorm", norm_eps=0.0, depth=0)
     assert cfg.check() == [
         "model.depth (0) must be >= 1",
-        "model.dim (100) must be divisible by model.num_heads (3)",
+        "model.dim (100) must be divisible by model.num_heads (3), or set model.head_dim",
         "model.num_heads (3) must be divisible by model.num_kv_heads (2)",
         "model.activation ('elu') must be one of gelu, relu, swiglu",
         "model.norm ('batchnorm') must be one of layernorm, rmsnorm",

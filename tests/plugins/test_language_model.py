@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from tk.core.cli import cli
-from tk.core.nn.decoding import GenerationConfig
+from tk.core.nn.generation.decoding import GenerationConfig
 from tk.core.recipe import load_config
 from tk.core.step import StepOutput
 from tk.core.text import TextTokenizer, build_tokenizer

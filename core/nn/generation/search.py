@@ -43,8 +43,8 @@ import torch
 from torch import Tensor, nn
 
 from tk.core.errors import TkError
-from tk.core.nn.beam import run_beam_search
-from tk.core.nn.decoding import (
+from tk.core.nn.generation.beam import run_beam_search
+from tk.core.nn.generation.decoding import (
     NEG_INF,
     Decoder,
     GenerationConfig,

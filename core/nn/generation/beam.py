@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tk.core.nn import decoding
-from tk.core.nn.decoding import NEG_INF, Decoder, GenerationConfig, GenerationOutput
+from tk.core.nn.generation import decoding
+from tk.core.nn.generation.decoding import NEG_INF, Decoder, GenerationConfig, GenerationOutput
 
 
 @dataclass
