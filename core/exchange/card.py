@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 import tk
-from tk.core.exchange.convert_bert import is_hub_id
+from tk.core.exchange.hf.bert import is_hub_id
 
 __all__ = ["model_card", "front_matter"]
 

@@ -1,6 +1,6 @@
 """``tk export --format hf``: a trained core model as a Hugging Face ``transformers`` folder.
 
-What maps to what (the inverse of :mod:`tk.core.exchange.convert_bert` for the encoder):
+What maps to what (the inverse of :mod:`tk.core.exchange.hf.bert` for the encoder):
 
 - a text classifier (core :class:`TextEncoder` + BERT's pooler + linear head), BERT-shaped
   (learned positions, post-norm LayerNorm, GELU/ReLU, biases, [CLS] pooling, ``model.pooler``)

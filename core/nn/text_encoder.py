@@ -3,7 +3,7 @@ embedding LayerNorm, the core :class:`TransformerEncoder`, and cls / mean / max 
 
 BERT: "Pre-training of Deep Bidirectional Transformers for Language Understanding"
 (Devlin et al., 2018), https://arxiv.org/abs/1810.04805. Pretrained BERT-family weights
-load through :func:`tk.core.exchange.convert_bert.load_bert`.
+load through :func:`tk.core.exchange.hf.bert.load_bert`.
 """
 
 from __future__ import annotations

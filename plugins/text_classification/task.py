@@ -23,7 +23,7 @@ from tk.core.engine.inference import (
     write_record,
 )
 from tk.core.errors import TkError
-from tk.core.exchange.convert_bert import (
+from tk.core.exchange.hf.bert import (
     bert_config,
     is_hub_id,
     load_bert_weights,

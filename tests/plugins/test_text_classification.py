@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tk.core.cli import cli
 from tk.core.engine.inference import load_run
 from tk.core.errors import TkError
-from tk.core.exchange.convert_bert import bert_config, load_bert_weights, read_bert_config
+from tk.core.exchange.hf.bert import bert_config, load_bert_weights, read_bert_config
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder, pool
 from tk.core.text import BERT_SPECIALS, BERT_TEMPLATE, TextTokenizer
@@ -221,7 +221,7 @@ def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, ca
 def test_pretrained_dir_resolution(tmp_path, monkeypatch):
     import huggingface_hub
 
-    from tk.core.exchange.convert_bert import resolve_pretrained_dir
+    from tk.core.exchange.hf.bert import resolve_pretrained_dir
 
     def no_network(repo_id, **kw):
         raise OSError(f"offline: cannot reach the hub for {repo_id}")

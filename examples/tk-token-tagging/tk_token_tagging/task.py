@@ -32,7 +32,7 @@ from tk.core import (
     cross_entropy_sum,
     param_groups,
 )
-from tk.core.exchange.convert_bert import bert_config, load_bert_weights, read_bert_config
+from tk.core.exchange.hf.bert import bert_config, load_bert_weights, read_bert_config
 from tk.core.nn.text_encoder import TextEncoder
 from tk_token_tagging.corpus import TAGS, generate, read_conll
 from tk_token_tagging.metrics import IGNORE, EntityF1

@@ -1,0 +1,178 @@
+"""A Hugging Face model folder as ``save_pretrained`` writes it: its ``config.json``, its weights
+(``model.safetensors``, or shards listed by ``model.safetensors.index.json``, or a torch
+``pytorch_model.bin``) read one tensor at a time from memory-mapped files, and the files a run
+keeps beside them (tokenizer, generation settings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tk.core.errors import TkError
+
+KEY = "model.pretrained_from"
+# the files a language model's run keeps from its source folder (what tk generate / export need)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
+SINGLE, INDEX, TORCH = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A folder holding a ``config.json`` and no tk ``config.yaml`` (a tk run dir)."""
+    p = Path(path).expanduser()
+    return p.is_dir() and (p / "config.json").is_file() and not (p / "config.yaml").is_file()
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The folder's ``config.json``.
+
+    Raises:
+        TkError: missing or unreadable, named.
+    """
+    path = folder / "config.json"
+    if not path.is_file():
+        raise TkError(f"{KEY}: {folder} has no config.json; give a folder written by transformers' save_pretrained "
+                      f"(config.json, model.safetensors or its shards, tokenizer.json) or a hub id")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TkError(f"{KEY}: cannot read {path}: {str(e).splitlines()[0]}") from e
+    if not isinstance(config, dict):
+        raise TkError(f"{KEY}: {path} is not a JSON object")
+    return config
+
+
+def read_json(folder: Path, name: str) -> dict[str, Any]:
+    """An optional JSON file of the folder (``{}`` where it is absent).
+
+    Raises:
+        TkError: present but unreadable.
+    """
+    path = folder / name
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TkError(f"{KEY}: cannot read {path}: {str(e).splitlines()[0]}") from e
+
+
+class WeightFiles:
+    """The tensors of a folder by name, each read when asked for (safetensors are memory-mapped:
+    a sharded checkpoint is never held whole). Opening checks every file's header, so a
+    truncated file or a missing shard fails before anything heavy.
+
+    Raises (constructor):
+        TkError: no weights file, an index naming a missing shard, a truncated or damaged file.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._where: dict[str, Path] = {}
+        self._open: dict[Path, Any] = {}
+        self._torch: dict[str, torch.Tensor] | None = None
+        if (folder / SINGLE).is_file():
+            self._add(folder / SINGLE)
+        elif (folder / INDEX).is_file():
+            self._add_index(folder / INDEX)
+        elif (folder / TORCH).is_file():
+            self._torch = _read_torch(folder / TORCH)
+        else:
+            raise TkError(f"{KEY}: {folder} has no weights ({SINGLE}, {INDEX} or {TORCH})")
+
+    def _add(self, path: Path) -> None:
+        from safetensors import safe_open  # lazy: only loading a folder reads safetensors
+
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except Exception as e:  # safetensors raises several kinds for a damaged header
+            detail = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise TkError(f"{KEY}: cannot read {path}: the file is truncated or damaged ({detail}); download or "
+                          f"save it again") from e
+        size = path.stat().st_size
+        for name in handle.keys():
+            self._where[name] = path
+        self._open[path] = handle
+        # the header names each tensor's byte range: a file cut short is caught here, not mid-load
+        end = _data_end(path)
+        if end is not None and end > size:
+            raise TkError(f"{KEY}: {path} is truncated ({size} bytes, its header describes {end}); download or "
+                          f"save it again")
+
+    def _add_index(self, index: Path) -> None:
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise TkError(f"{KEY}: cannot read {index}: not a safetensors index ({e})") from e
+        for shard in sorted(set(weight_map.values())):
+            path = self.folder / shard
+            if not path.is_file():
+                first = next(n for n, s in weight_map.items() if s == shard)
+                raise TkError(f"{KEY}: {index.name} names the shard {shard} (holding {first!r}, ...) but {path} "
+                              f"does not exist; download the missing shard")
+            self._add(path)
+        missing = [n for n, s in weight_map.items() if n not in self._where]
+        if missing:
+            raise TkError(f"{KEY}: {index.name} places {missing[0]!r} in {weight_map[missing[0]]}, which does not "
+                          f"hold it; the folder's shards and index disagree")
+
+    def names(self) -> list[str]:
+        return list(self._torch) if self._torch is not None else list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in (self._torch if self._torch is not None else self._where)
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` (a fresh CPU tensor)."""
+        if self._torch is not None:
+            return self._torch[name]
+        return self._open[self._where[name]].get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if self._torch is not None:
+            return tuple(self._torch[name].shape)
+        return tuple(self._open[self._where[name]].get_slice(name).get_shape())
+
+    def dtype(self) -> torch.dtype:
+        """The dtype of the first floating-point tensor (what ``model.dtype: auto`` keeps)."""
+        for name in self.names():
+            t = self._torch[name] if self._torch is not None else None
+            if t is None:
+                dtype = _ST_DTYPES.get(self._open[self._where[name]].get_slice(name).get_dtype())
+            else:
+                dtype = t.dtype
+            if dtype is not None and dtype.is_floating_point:
+                return dtype
+        return torch.float32
+
+    def nbytes(self) -> int:
+        """Bytes on disk of the weights files."""
+        if self._torch is not None:
+            return (self.folder / TORCH).stat().st_size
+        return sum(p.stat().st_size for p in self._open)
+
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def _data_end(path: Path) -> int | None:
+    """The byte where a safetensors file's data should end, from its header."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError):
+        return None
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    return 8 + n + max(ends, default=0)
+
+
+def _read_torch(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch raises several kinds for a damaged file
+        detail = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise TkError(f"{KEY}: cannot read {path}: the file is truncated or damaged ({detail})") from e

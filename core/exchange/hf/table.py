@@ -1,0 +1,199 @@
+"""The mapping a model family declares, read in both directions: config keys beside tk's
+``TransformerConfig`` fields, tensor names beside tk's (with the fusions tk makes: q/k/v into one
+``qkv``, gate/up into one ``fc1``; GPT-2's transposed ``Conv1D``), and what the family fixes.
+
+A family module (``gpt2``, ``llama``, ...) builds one :class:`Family`; import
+(:func:`import_state`) and export (:func:`export_state`, :func:`export_config`) read the same
+object, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tk.core.errors import TkError
+from tk.core.nn.config import TransformerConfig
+
+KEY = "model.pretrained_from"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One tk tensor and the family tensor(s) it is made of: ``hf`` names are concatenated along
+    rows (split again on export); ``transpose`` for (in, out)-stored weights (GPT-2's Conv1D)."""
+
+    tk: str
+    hf: tuple[str, ...]
+    transpose: bool = False
+
+
+def rows(*spec: tuple[str, str | tuple[str, ...]] | tuple[str, str | tuple[str, ...], bool]) -> tuple[Row, ...]:
+    """``rows(("norm1.weight", "ln_1.weight"), ("qkv.weight", ("q.weight", "k.weight", "v.weight")), ...)``."""
+    out = []
+    for s in spec:
+        hf = (s[1],) if isinstance(s[1], str) else tuple(s[1])
+        out.append(Row(s[0], hf, bool(s[2]) if len(s) > 2 else False))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A transformers model family as tk maps it.
+
+    Attributes:
+        name: the family ("llama").
+        architectures: ``model_type`` -> the ``*ForCausalLM`` class written on export.
+        plain: config key <-> ``TransformerConfig`` field pairs copied as they are both ways.
+        fixed: fields the family always has (import sets them; export refuses other values).
+        defaults: the config class's defaults for keys a hand-written ``config.json`` may omit.
+        to_tk: the config's other keys -> (fields, problems) (biases, rope, windows, ...).
+        to_hf: the inverse of ``to_tk`` for export -> (keys, problems).
+        top: rows outside the layers; layer: rows of layer ``{i}``, under ``tk_layer`` / ``hf_layer``.
+        ignore: name suffixes of tensors that hold no weights (GPT-2's causal-mask buffers).
+    """
+
+    name: str
+    architectures: Mapping[str, str]
+    plain: tuple[tuple[str, str], ...]
+    fixed: Mapping[str, Any]
+    defaults: Mapping[str, Any]
+    to_tk: Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
+    to_hf: Callable[[TransformerConfig], tuple[dict[str, Any], list[str]]]
+    top: tuple[Row, ...]
+    layer: tuple[Row, ...]
+    tk_layer: str = "decoder.layers.{i}."
+    hf_layer: str = "model.layers.{i}."
+    ignore: tuple[str, ...] = field(default=())
+
+    def expanded(self, depth: int) -> list[Row]:
+        """Every row with full names for a model of ``depth`` layers."""
+        out = list(self.top)
+        for i in range(depth):
+            tk, hf = self.tk_layer.format(i=i), self.hf_layer.format(i=i)
+            out += [Row(tk + r.tk, tuple(hf + n for n in r.hf), r.transpose) for r in self.layer]
+        return out
+
+
+def config_to_tk(family: Family, hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``TransformerConfig`` fields of a family ``config.json``.
+
+    Raises:
+        TkError: every option tk cannot express, in one line, before any weight is read.
+    """
+    values = {**family.defaults, **hf}  # an explicit null stays null (Mistral v0.2: no window)
+    fields_ = dict(family.fixed)
+    problems = []
+    for key, name in family.plain:
+        if key in values:
+            fields_[name] = values[key]
+    extra, more = family.to_tk(values)
+    fields_.update(extra)
+    problems += more
+    if problems:
+        raise TkError(f"{KEY}: this {values.get('model_type')} config.json has options tk does not implement: "
+                      + "; ".join(problems) + " (so the model would compute something else; nothing was loaded)")
+    return fields_
+
+
+def export_config(family: Family, cfg: TransformerConfig, model_type: str, base: Mapping[str, Any] | None,
+                  vocab_size: int) -> dict[str, Any]:
+    """The ``config.json`` of ``cfg`` in the family: ``base`` (the source folder's config, so keys
+    tk does not model such as token ids survive) with every mapped key set from ``cfg``.
+
+    Raises:
+        TkError: a field the family cannot express (its value and what the family needs).
+    """
+    for name, value in family.fixed.items():
+        mine = cfg.use_final_norm if name == "final_norm" else getattr(cfg, name)
+        if mine != value and name not in ("dropout", "attn_dropout", "mlp_dropout"):
+            raise TkError(f"--format hf: model.{name}={mine!r} has no {family.architectures[model_type]} counterpart "
+                          f"(it needs {value!r}); export --format safetensors instead")
+    out = dict(base or {})
+    out.update({"model_type": model_type, "architectures": [family.architectures[model_type]],
+                "vocab_size": vocab_size})
+    for key, name in family.plain:
+        out[key] = getattr(cfg, name)
+    extra, problems = family.to_hf(cfg)
+    if problems:
+        raise TkError(f"--format hf: the model has options {family.architectures[model_type]} cannot express: "
+                      + "; ".join(problems) + "; export --format safetensors instead")
+    out.update(extra)
+    return out
+
+
+def _split_sizes(row: Row, t: torch.Tensor, cfg: TransformerConfig) -> list[int]:
+    if len(row.hf) == 3:  # q, k, v
+        kv = (cfg.num_kv_heads or cfg.num_heads) * cfg.attn_head_dim
+        return [t.shape[0] - 2 * kv, kv, kv]
+    return [t.shape[0] // len(row.hf)] * len(row.hf)  # gate, up
+
+
+def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int, tied: bool,
+                 dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The tk state dict of a family checkpoint: each tk tensor ``own`` names (shapes checked),
+    read from ``files`` (:class:`~tk.core.exchange.hf.folder.WeightFiles`) one at a time and cast
+    to ``dtype`` (None keeps the file's).
+
+    Raises:
+        TkError: a tensor missing or of another shape, a tensor the family does not know, or an
+            untied head absent from the file, named.
+    """
+    table = {r.tk: r for r in family.expanded(depth)}
+    used: set[str] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, mine in own.items():
+        if tied and name == "lm_head.weight":
+            continue
+        row = table.get(name)
+        if row is None:
+            raise TkError(f"{KEY}: tk's model has a tensor {name!r} the {family.name} mapping does not name "
+                          f"(a config option tk built but the family lacks)")
+        missing = [n for n in row.hf if n not in files]
+        if missing:
+            hint = "; the config says the head is untied (tie_word_embeddings false)" if name == "lm_head.weight" else ""
+            raise TkError(f"{KEY}: {files.folder} has no tensor {missing[0]!r} (needed for tk's {name}){hint}; "
+                          f"is the checkpoint complete and of the family its config.json names?")
+        parts = [files.get(n) for n in row.hf]
+        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        del parts
+        t = t.t().contiguous() if row.transpose else t
+        if tuple(t.shape) != tuple(mine.shape):
+            raise TkError(f"{KEY}: tensor {'+'.join(row.hf)} is {tuple(t.shape)} but config.json makes tk's {name} "
+                          f"{tuple(mine.shape)}; the weights and config.json disagree")
+        out[name] = t if dtype is None or not t.is_floating_point() else t.to(dtype)
+        used.update(row.hf)
+    left = [n for n in files.names() if n not in used and not n.endswith(family.ignore)]
+    if tied and "lm_head.weight" in left:  # a redundant copy of the tied head (Qwen1.5 uploads)
+        if not torch.equal(files.get("lm_head.weight").to(out["tok_embed.weight"].dtype), out["tok_embed.weight"]):
+            raise TkError(f"{KEY}: config.json ties the head to the embedding (tie_word_embeddings) but the file's "
+                          f"lm_head.weight differs from it; set tie_word_embeddings false in config.json or fix the file")
+        left.remove("lm_head.weight")
+    if left:
+        raise TkError(f"{KEY}: {files.folder} holds {len(left)} tensors the {family.name} mapping does not know "
+                      f"({', '.join(left[:3])}); tk would drop them, so it refuses")
+    return out
+
+
+def export_state(family: Family, sd: Mapping[str, torch.Tensor], cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+    """The family's tensors of a tk state dict (the inverse of :func:`import_state`); a tied head
+    (absent from ``sd``) is left out, as transformers saves it."""
+    out = {}
+    for row in family.expanded(cfg.depth):
+        if row.tk not in sd:
+            continue
+        t = sd[row.tk]
+        t = t.t().contiguous() if row.transpose else t
+        if len(row.hf) == 1:
+            out[row.hf[0]] = t
+        else:
+            for name, part in zip(row.hf, t.split(_split_sizes(row, t, cfg))):
+                out[name] = part.contiguous()
+    unmapped = [k for k in sd if k not in {r.tk for r in family.expanded(cfg.depth)}]
+    if unmapped:
+        raise TkError(f"--format hf: tk tensors {unmapped[:3]} have no {family.name} counterpart; export --format "
+                      f"safetensors instead")
+    return out
