@@ -20,7 +20,7 @@ from tk.core.errors import TkError
 from tk.core.exchange.card import model_card
 from tk.core.exchange.export import export_safetensors, tk_metadata
 from tk.core.exchange.export_graph import example_inputs, export_onnx, export_program
-from tk.core.exchange.export_hf import hf_export, write_hf_folder
+from tk.core.exchange.export_hf import HF_SOURCE_CONFIG, KEPT_FILES, hf_export, write_hf_folder
 from tk.core.exchange.export_timm import timm_export, timm_hub_config, timm_load_code
 from tk.core.nn.lora import merge_lora
 from tk.core.run.loggers import read_records
@@ -56,7 +56,9 @@ def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
     if tokenizer is not None and '"model"' not in tokenizer:  # an old char table, not a tokenizers file
         tokenizer = None
     max_len = config.get("max_position_embeddings") or config.get("n_positions")
-    files = write_hf_folder(out, config, state, tokenizer, max_len, meta)
+    kept = {n: task.files.read_text(n) for n in KEPT_FILES if task.files.exists(n)} \
+        if task.files.exists(HF_SOURCE_CONFIG) else None
+    files = write_hf_folder(out, config, state, tokenizer, max_len, meta, kept)
     arch = config["architectures"][0]
     auto = "AutoModelForSequenceClassification" if "SequenceClassification" in arch else \
         "AutoModelForMaskedLM" if "MaskedLM" in arch else "AutoModelForCausalLM"

@@ -6,8 +6,10 @@ What maps to what (the inverse of :mod:`tk.core.exchange.hf.bert` for the encode
   (learned positions, post-norm LayerNorm, GELU/ReLU, biases, [CLS] pooling, ``model.pooler``)
   -> ``BertForSequenceClassification``, tensor for tensor; a masked LM (the encoder + BERT's
   prediction head) -> ``BertForMaskedLM``;
-- a :class:`DecoderOnlyLM` with learned positions + LayerNorm + GELU/ReLU (pre-norm, biases)
-  -> ``GPT2LMHeadModel``; with rotary positions + RMSNorm + SwiGLU -> ``LlamaForCausalLM``.
+- a :class:`DecoderOnlyLM` started from a Hugging Face decoder -> the same family (GPT-2, Llama,
+  Mistral, Qwen2/3, Phi-3, Gemma 1/2: :mod:`tk.core.exchange.hf`), its config keys kept; one
+  trained from scratch with learned positions + LayerNorm -> ``GPT2LMHeadModel``, with rotary
+  positions + RMSNorm + SwiGLU -> ``LlamaForCausalLM``.
 
 Any other shape raises a one-line :class:`TkError` naming the config key and its value.
 The folder is written by hand (``config.json``, ``model.safetensors``): exporting needs no
@@ -25,12 +27,15 @@ from torch import Tensor, nn
 
 from tk.core.errors import TkError
 from tk.core.exchange.export import export_safetensors, state_with_norm_biases
+from tk.core.exchange.hf.decoders import export_decoder
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM
 
 __all__ = ["bert_export", "bert_mlm_export", "hf_export", "lm_export", "write_hf_folder"]
 
+HF_SOURCE_CONFIG = "hf_config.json"  # task file of a run started from a Hugging Face model: its config.json
+KEPT_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
 _SPECIALS = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]",
              "mask_token": "[MASK]"}
 
@@ -146,90 +151,29 @@ def bert_mlm_export(model: nn.Module) -> tuple[dict, dict]:
 
 
 # -- decoder-only LMs ------------------------------------------------------------------
-def lm_export(model: DecoderOnlyLM, cfg: TransformerConfig) -> tuple[dict, dict]:
-    """``(config.json dict, state dict)`` of ``GPT2LMHeadModel`` (learned positions) or
-    ``LlamaForCausalLM`` (rotary positions) for a :class:`DecoderOnlyLM` built from ``cfg``.
+def lm_export(model: DecoderOnlyLM, cfg: TransformerConfig, source: dict | None = None) -> tuple[dict, dict]:
+    """``(config.json dict, state dict)`` of a :class:`DecoderOnlyLM` built from ``cfg``: as the family
+    of ``source`` (the ``config.json`` of the Hugging Face model the run started from, its keys
+    kept, its dtype written), else ``GPT2LMHeadModel`` (learned positions) or ``LlamaForCausalLM``
+    (rotary positions). The mapping is the family's one table (:mod:`tk.core.exchange.hf`).
 
     Raises:
-        TkError: a shape neither class can express, naming the key and value.
+        TkError: a shape the family cannot express, naming the key and value.
     """
+    if source is not None:
+        config, state = export_decoder(model, cfg, source["model_type"], source)
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(source.get("dtype") or
+                                                                                 source.get("torch_dtype")))
+        if dtype is not None:  # the family's files in the dtype they came in (an import + export is exact)
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+            config["dtype"] = config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        return config, state
     if cfg.pos_encoding == "learned":
-        return _gpt2(model, cfg)
+        return export_decoder(model, cfg, "gpt2")
     if cfg.pos_encoding == "rotary":
-        return _llama(model, cfg)
+        return export_decoder(model, cfg, "llama")
     raise _refuse("model.pos_encoding", cfg.pos_encoding, "transformers causal-LM",
                   "GPT-2 needs 'learned', Llama 'rotary'")
-
-
-def _lm_state(model: DecoderOnlyLM) -> dict[str, Tensor]:
-    """The model's state dict, without ``lm_head.weight`` when it is the tied embedding."""
-    sd = state_with_norm_biases(model)
-    tied = model.lm_head.weight is model.tok_embed.weight
-    return {k: v for k, v in sd.items() if not (tied and k == "lm_head.weight")}
-
-
-def _gpt2(model: DecoderOnlyLM, cfg: TransformerConfig) -> tuple[dict, dict]:
-    target = "GPT2LMHeadModel"
-    _require(cfg, target, {"norm": ("layernorm",), "norm_first": (True,), "final_norm": (True,),
-                           "activation": ("gelu", "relu"), "bias": (True,)})
-    sd = _lm_state(model)
-    out = {"transformer.wte.weight": sd["tok_embed.weight"], "transformer.wpe.weight": sd["pos.weight"],
-           "transformer.ln_f.weight": sd["decoder.norm.weight"], "transformer.ln_f.bias": sd["decoder.norm.bias"]}
-    for i in range(cfg.depth):
-        src, dst = f"decoder.layers.{i}.", f"transformer.h.{i}."
-        # GPT-2's Conv1D stores (in, out): the transpose of nn.Linear's weight
-        for a, b in (("attn.c_attn", "self_attn.qkv"), ("attn.c_proj", "self_attn.proj"),
-                     ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")):
-            out[f"{dst}{a}.weight"] = sd[f"{src}{b}.weight"].t().contiguous()
-            out[f"{dst}{a}.bias"] = sd[f"{src}{b}.bias"]
-        for a, b in (("ln_1", "norm1"), ("ln_2", "norm2")):
-            for kind in ("weight", "bias"):
-                out[f"{dst}{a}.{kind}"] = sd[f"{src}{b}.{kind}"]
-    if "lm_head.weight" in sd:
-        out["lm_head.weight"] = sd["lm_head.weight"]
-    vocab = out["transformer.wte.weight"].shape[0]
-    config = {"architectures": [target], "model_type": "gpt2", "vocab_size": vocab, "n_positions": cfg.max_len,
-              "n_embd": cfg.dim, "n_layer": cfg.depth, "n_head": cfg.num_heads, "n_inner": cfg.ffn_dim,
-              "activation_function": cfg.activation, "layer_norm_epsilon": cfg.norm_eps,
-              "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.attn_dropout_p,
-              "tie_word_embeddings": "lm_head.weight" not in sd, "torch_dtype": "float32"}
-    return config, out
-
-
-def _llama(model: DecoderOnlyLM, cfg: TransformerConfig) -> tuple[dict, dict]:
-    target = "LlamaForCausalLM"
-    _require(cfg, target, {"norm": ("rmsnorm",), "norm_first": (True,), "final_norm": (True,),
-                           "activation": ("swiglu",)})
-    sd = _lm_state(model)
-    out = {"model.embed_tokens.weight": sd["tok_embed.weight"], "model.norm.weight": sd["decoder.norm.weight"]}
-    hidden = cfg.ffn_dim
-    for i in range(cfg.depth):
-        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for name, (w, b) in zip(("q_proj", "k_proj", "v_proj"), _qkv(sd, f"{src}self_attn.qkv", cfg)):
-            out[f"{dst}self_attn.{name}.weight"] = w
-            if b is not None:
-                out[f"{dst}self_attn.{name}.bias"] = b
-        # tk's SwiGLU packs fc1 as [gate; value]
-        pairs = [("self_attn.o_proj", f"{src}self_attn.proj", None), ("mlp.gate_proj", f"{src}mlp.fc1", 0),
-                 ("mlp.up_proj", f"{src}mlp.fc1", 1), ("mlp.down_proj", f"{src}mlp.fc2", None)]
-        for a, b, half in pairs:
-            for kind in ("weight", "bias"):
-                if f"{b}.{kind}" in sd:
-                    t = sd[f"{b}.{kind}"]
-                    out[f"{dst}{a}.{kind}"] = t if half is None else t.split(hidden)[half]
-        out[f"{dst}input_layernorm.weight"] = sd[f"{src}norm1.weight"]
-        out[f"{dst}post_attention_layernorm.weight"] = sd[f"{src}norm2.weight"]
-    if "lm_head.weight" in sd:
-        out["lm_head.weight"] = sd["lm_head.weight"]
-    config = {"architectures": [target], "model_type": "llama", "vocab_size": out["model.embed_tokens.weight"].shape[0],
-              "hidden_size": cfg.dim, "intermediate_size": hidden, "num_hidden_layers": cfg.depth,
-              "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads,
-              "head_dim": cfg.dim // cfg.num_heads, "hidden_act": "silu", "max_position_embeddings": cfg.max_len,
-              "rms_norm_eps": cfg.norm_eps, "rope_theta": 10000.0,
-              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-              "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout_p,
-              "tie_word_embeddings": "lm_head.weight" not in sd, "torch_dtype": "float32"}
-    return config, out
 
 
 # -- the folder ------------------------------------------------------------------------
@@ -244,7 +188,9 @@ def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
     if isinstance(getattr(model, "encoder", None), TextEncoder) and hasattr(getattr(model, "head", None), "decoder"):
         return bert_mlm_export(model)
     if isinstance(model, DecoderOnlyLM):
-        return lm_export(model, task.model_cfg)
+        files = getattr(task, "files", None)
+        source = json.loads(files.read_text(HF_SOURCE_CONFIG)) if files is not None and files.exists(HF_SOURCE_CONFIG) else None
+        return lm_export(model, task.model_cfg, source)
     raise TkError(f"--format hf: task {task.name!r} has a {type(model).__name__}, which has no transformers "
                   f"export (text classifiers and masked LMs -> BERT, language models -> GPT-2/Llama); use "
                   f"--format safetensors")
@@ -270,14 +216,29 @@ def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:
 
 
 def write_hf_folder(out: Path, config: dict, state: dict[str, Tensor], tokenizer_json: str | None,
-                    max_len: int, metadata: dict[str, str] | None = None) -> list[str]:
+                    max_len: int, metadata: dict[str, str] | None = None, kept: dict[str, str] | None = None
+                    ) -> list[str]:
     """Write ``config.json``, ``model.safetensors`` and (given a tokenizer) ``tokenizer.json`` +
     ``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``) into ``out``; a causal LM also
     gets its bos/eos/pad ids in ``config.json`` and ``generation_config.json`` (and left
-    padding, which batched generation needs); returns the file names."""
+    padding, which batched generation needs); returns the file names. ``kept``: the source model's
+    own tokenizer and generation files (a run started from a Hugging Face model), written as they
+    were instead."""
+    if kept:
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        export_safetensors(state, out / "model.safetensors", metadata={"format": "pt", **(metadata or {})})
+        files = ["config.json", "model.safetensors"]
+        if tokenizer_json is not None:
+            (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+            files.append("tokenizer.json")
+        for name, text in kept.items():
+            (out / name).write_text(text, encoding="utf-8")
+            files.append(name)
+        return files
     specials = _special_tokens(config, tokenizer_json) if tokenizer_json is not None else {}
     files = ["config.json", "model.safetensors"]
     if config.get("model_type") in ("gpt2", "llama") and tokenizer_json is not None:
+        config = {k: v for k, v in config.items() if k not in ("bos_token_id", "eos_token_id", "pad_token_id")}
         ids = {t["content"]: t["id"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
         token_ids = {f"{k[:-len('_token')]}_token_id": ids.get(specials.get(k)) for k in ("bos_token", "eos_token",
                                                                                            "pad_token")}

@@ -46,7 +46,10 @@ __all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_so
 # computation): a run started from another takes these from the source's config
 TRANSFORMER_SHAPE_KEYS = ("dim", "depth", "encoder_depth", "decoder_depth", "num_heads", "num_kv_heads", "mlp_ratio",
                           "hidden_dim", "activation", "norm", "norm_eps", "norm_first", "final_norm", "bias",
-                          "norm_bias", "pos_encoding", "max_len", "tie_embeddings", "share_embeddings")
+                          "norm_bias", "pos_encoding", "max_len", "tie_embeddings", "share_embeddings", "head_dim",
+                          "qkv_bias", "proj_bias", "mlp_bias", "qk_norm", "norm_weight_offset", "scale_embedding",
+                          "rope_theta", "rope_scaling", "attn_scale", "attn_logit_softcapping",
+                          "final_logit_softcapping", "sandwich_norm", "sliding_window", "layer_types")
 KEY = "model.pretrained_from"  # the recipe key every task uses for its pretrained source
 RECORD_FILE = "pretrained.json"  # task file: where the run's backbone came from and the shape it adopted
 

@@ -20,7 +20,8 @@ class ModelConfig(TransformerConfig):
     dropout: float = 0.0  # residual/embedding dropout
     pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = "learned"  # position information
     max_len: int = 1024  # positions of the learned table: block_size for training, prompt + new tokens in generation
-    pretrained_from: str | None = None  # continue from a language_model run dir or .pt checkpoint (its shape and tokenizer come with it)
+    pretrained_from: str | None = None  # a language_model run dir or .pt checkpoint, or a Hugging Face decoder folder / hub id (GPT-2, Llama, Qwen, Mistral, Gemma, Phi-3): its shape and tokenizer come with it
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"  # weights of a Hugging Face source: float32 master weights (full fine-tuning); bfloat16/auto keep a half-precision file as it is (generation, eval, LoRA)
 
 
 def gpt2_init(model: DecoderOnlyLM, depth: int) -> None:

@@ -18,8 +18,10 @@ class TextStream:
     until the next token completes it.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str], emit: Callable[[str], None], eos_id: int | None) -> None:
-        self.decode, self.emit, self.eos_id = decode, emit, eos_id
+    def __init__(self, decode: Callable[[list[int]], str], emit: Callable[[str], None],
+                 eos_id: int | list[int] | None) -> None:
+        self.decode, self.emit = decode, emit
+        self.stops = set(eos_id) if isinstance(eos_id, list) else {eos_id}  # every token that ends the text
         self.ids: list[int] = []
         self.sent = 0  # characters already emitted
         self.ended = False
@@ -29,7 +31,7 @@ class TextStream:
             return
         tok = int(tokens[0])  # one host sync per step, only when streaming
         self.ids.append(tok)
-        self.ended = tok == self.eos_id
+        self.ended = tok in self.stops
         text = self.decode(self.ids)
         if not text.endswith(REPLACEMENT):
             self._send(text)

@@ -38,6 +38,7 @@ from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, cut_pieces, encode_long, iter_column, load_hub_dataset
 from tk.core.text.long_text import adds_specials
 from tk.core.text.token_store import TokenStore
+from tk.plugins.language_model.hf_source import HFSource, generation_defaults, is_hf_source
 from tk.plugins.language_model.corpus import corpus_files, iter_corpus, synthetic_text, take_chars
 from tk.plugins.language_model.data import (
     UNK,
@@ -58,9 +59,10 @@ from tk.plugins.language_model.data import (
 )
 from tk.plugins.language_model.metrics import LMMetrics
 from tk.plugins.language_model.model import ModelConfig, build_model
+from tk.plugins.language_model.samples import write_samples
 from tk.plugins.language_model.stream import TextStream
 
-SAMPLES_DIR = "samples"  # in the run dir: step_N.txt, a few generated continuations per evaluation
+from tk.plugins.language_model.samples import SAMPLES_DIR  # noqa: E402,F401  (kept importable here)
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (a tokenizers JSON)
 TOKENS_FILE = "tokens.bin"  # task file: the whole corpus as one token array (uint16 / uint32)
 META_FILE = "tokens.json"  # task file: dtype, token and character counts of TOKENS_FILE
@@ -92,6 +94,7 @@ class LanguageModelTask(Task):
         self._sample_text: dict[tuple, str] = {}  # their text, handed to the loggers as media
         self._bytes_per_token: float | None = None  # of the eval targets (bits per byte), computed once
         self.source: SourceRun | None = None  # model.pretrained_from's run (a fresh run only)
+        self.hf: HFSource | None = None  # model.pretrained_from's Hugging Face folder (a fresh run only)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -124,6 +127,8 @@ class LanguageModelTask(Task):
         task = cls(cfg)
         try:
             task._open_source(write=False)
+            if task.hf is not None:
+                task.hf.tokenizer()
             if task.source is not None:
                 task.source.weights()
                 task.source.read_file(TOKENIZER_FILE)
@@ -141,6 +146,8 @@ class LanguageModelTask(Task):
             self._open_source()
         elif record is not None:  # a run started from another: the shape it adopted then
             self.model_cfg = dataclasses.replace(self.model_cfg, **record["model"])
+        if self.hf is not None or str((record or {}).get("task", "")).startswith("hf:"):
+            self.gen_cfg = generation_defaults(self.files, self.gen_cfg, self.cfg.given)
         if self.run_dir is not None and self.files.exists(META_FILE):
             self.tokenizer = load_saved_tokenizer(self.files.read_text(TOKENIZER_FILE))
             self.meta = json.loads(self.files.read_text(META_FILE))
@@ -157,6 +164,8 @@ class LanguageModelTask(Task):
         tokenizer (a recipe asking for another one is refused), before anything is tokenised."""
         if self.model_cfg.pretrained_from is None:
             return
+        if is_hf_source(self.model_cfg.pretrained_from):
+            return self._open_hf(write)
         source = open_source(self.model_cfg.pretrained_from, self.name, (self.name,))
         if source is None:
             raise TkError(f"model.pretrained_from: {self.model_cfg.pretrained_from} is neither a tk run dir (a folder "
@@ -178,6 +187,16 @@ class LanguageModelTask(Task):
         self.source = source
         if write:
             write_record(self.files, source, {k: getattr(m, k) for k in TRANSFORMER_SHAPE_KEYS})
+
+    def _open_hf(self, write: bool) -> None:
+        """A Hugging Face decoder: its shape (recipe keys must agree) and its tokenizer."""
+        if self.tok_cfg.path is not None:
+            raise TkError(f"tokenizer.path: model.pretrained_from brings the model's own tokenizer; remove "
+                          f"tokenizer.path ({self.tok_cfg.path})")
+        self.hf = HFSource.open(self.model_cfg.pretrained_from)
+        self.model_cfg = self.hf.adopt(self.model_cfg, self.cfg.given, self.data.block_size)
+        if write:
+            self.hf.keep_files(self.files, {k: getattr(self.model_cfg, k) for k in TRANSFORMER_SHAPE_KEYS})
 
     def _tokenise(self) -> np.ndarray:
         """The tokenizer (given, or trained on the part before the validation cut) and the
@@ -233,6 +252,8 @@ class LanguageModelTask(Task):
 
     def _source_tokenizer(self) -> TextTokenizer | None:
         """The source run's tokenizer (None without ``model.pretrained_from``)."""
+        if self.hf is not None:
+            return self.hf.tokenizer()
         if self.source is None:
             return None
         self.source.copy_files(self.files, [TOKENIZER_FILE])  # byte for byte, before _save keeps it
@@ -241,7 +262,8 @@ class LanguageModelTask(Task):
     def _save(self, tokens: np.ndarray, num_chars: int, write_tokens: bool = True) -> None:
         dtype = np.dtype(tokens.dtype)
         self.meta = {"dtype": dtype.name, "num_tokens": len(tokens), "num_chars": num_chars,
-                     "vocab_size": self.tokenizer.vocab_size, "kind": self.tokenizer.kind}
+                     "vocab_size": self.tokenizer.vocab_size if self.hf is None else self.hf.vocab_size,
+                     "kind": self.tokenizer.kind}
         if self.run_dir is not None:  # tk summary has no run dir: keep everything in memory
             if not self.files.exists(TOKENIZER_FILE):  # the source run's copy is kept as it is
                 self.files.write_text(TOKENIZER_FILE, self.tokenizer.to_str())
@@ -275,7 +297,12 @@ class LanguageModelTask(Task):
 
     # -- model and loss ----------------------------------------------------------------
     def build_model(self) -> nn.Module:
-        return build_model(self.model_cfg, self.vocab_size)
+        """The GPT; with a Hugging Face source (a fresh run) its weights, loaded on the meta device."""
+        if self.hf is not None:
+            return self.hf.build(lambda: build_model(self.model_cfg, self.vocab_size), self.model_cfg.dtype)
+        model = build_model(self.model_cfg, self.vocab_size)
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.model_cfg.dtype)
+        return model.to(dtype) if dtype is not None else model  # resume: the dtype the run trained in
 
     def example_inputs(self, model: nn.Module) -> dict[str, Any]:
         """``tk export``: two random token sequences of 8 ids."""
@@ -334,14 +361,16 @@ class LanguageModelTask(Task):
             if unseen:
                 raise TkError(f"the prompt has characters the model never saw ({''.join(unseen)!r}: they would all be "
                               f"{UNK}); use the characters of its training text")
-        limit = self.data.block_size  # the longest context the model was trained on
+        # the longest context: what the model was trained on (a pretrained decoder: its positions)
+        pretrained = self.files.dir is not None and self.files.exists("hf_config.json")
+        limit, what = (self.model_cfg.max_len, "model.max_len") if pretrained else (self.data.block_size, "data.block_size")
         if len(ids) + cfg.max_len > limit:
             raise TkError(f"prompt ({len(ids)} tokens) + new tokens ({cfg.max_len}, --max-new-tokens or "
-                          f"generate.max_len) exceeds data.block_size ({limit}), the context the model was "
-                          f"trained on; shorten the prompt or ask for fewer new tokens")
+                          f"generate.max_len) exceeds {what} ({limit}), the context of the model; shorten the "
+                          f"prompt or ask for fewer new tokens")
         device = next(model.parameters()).device
         after = partial(decode_after, self.tokenizer, ids)  # the text after the prompt, its seam included
-        stream = None if on_text is None else TextStream(after, on_text, cfg.eos_id)
+        stream = None if on_text is None else TextStream(after, on_text, cfg.stop_ids)
         out = generate(model, torch.tensor([ids], device=device), cfg, on_step=stream)
         text = after(out.tokens[0])
         if stream is not None:
@@ -357,23 +386,8 @@ class LanguageModelTask(Task):
         if (self.data.num_samples and self.run_dir is not None and ctx.kind != "standalone"  # training only
                 and key not in self._sampled and is_main_process()):
             self._sampled.add(key)
-            self._sample_text = {key: self._write_samples(model, batch["tokens"], ctx)}  # only the latest is kept
+            self._sample_text = {key: write_samples(self, model, batch["tokens"], ctx)}  # only the latest is kept
         return self.loss(model, batch)
-
-    def _write_samples(self, model: nn.Module, tokens: torch.Tensor, ctx: EvalContext) -> str:
-        n = min(self.data.num_samples, tokens.shape[0])
-        prompt_len = min(self.data.sample_prompt_len, self.data.block_size - 1)
-        cfg = dataclasses.replace(self.gen_cfg, max_len=min(self.gen_cfg.max_len, self.data.block_size - prompt_len))
-        out = generate(model, tokens[:n, :prompt_len], cfg)
-        parts = []
-        for i in range(n):
-            prompt, generated = decode(self.tokenizer, tokens[i, :prompt_len]), decode(self.tokenizer, out.tokens[i])
-            parts.append(f"--- sample {i}: prompt {prompt!r}\n{prompt}{generated}\n")
-        suffix = "" if ctx.key_prefix == "val" else f"_{ctx.key_prefix}"
-        path = Path(self.run_dir) / SAMPLES_DIR / f"step_{ctx.step}{suffix}.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(parts), encoding="utf-8")
-        return "".join(parts)
 
     def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
         """``{"input": prompt, "generated": text}`` per prompt (``generate:`` settings)."""

@@ -73,7 +73,7 @@ def run_beam_search(
         cand_lp, flat = (beam_lp[..., None] + logp).view(B, K * V).topk(min(2 * K, K * V), dim=1)
         cand_beam, cand_tok = flat // V, flat % V
         last = (step + 1 >= L)[:, None]
-        ending = last | cand_tok.eq(cfg.eos_id) if cfg.eos_id is not None else last.expand_as(cand_tok)
+        ending = last | cfg.is_stop(cand_tok) if cfg.stop_ids else last.expand_as(cand_tok)
         # Only the top K candidates may finish (fairseq's rule; it makes beam_size=1 greedy).
         rank_ok = torch.arange(cand_tok.shape[1], device=dev) < K
         finishing = ending & rank_ok & (~done & (step >= 0))[:, None]

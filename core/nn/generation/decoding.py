@@ -35,7 +35,21 @@ class GenerationConfig:
     compile: bool = False  # torch.compile the cached decode step (pays off for long generations; compiles once)
     bos_id: int | None = None  # first decoder token of an encoder-decoder (required there)
     eos_id: int | None = None  # token that ends a sequence; None = always generate max_len tokens
+    eos_ids: list[int] | None = None  # more tokens that end a sequence (Llama 3 Instruct's <|eot_id|> beside <|end_of_text|>)
     pad_id: int | None = None  # fills positions after EOS and pads LM prompts; None = model.pad_id
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Every token that ends a sequence: ``eos_id`` then ``eos_ids`` (empty: none does)."""
+        ids = ([] if self.eos_id is None else [self.eos_id]) + list(self.eos_ids or [])
+        return list(dict.fromkeys(ids))
+
+    def is_stop(self, tokens: Tensor) -> Tensor:
+        """Bool tensor: which of ``tokens`` end a sequence."""
+        ids = self.stop_ids
+        if len(ids) == 1:
+            return tokens.eq(ids[0])
+        return torch.isin(tokens, torch.tensor(ids, device=tokens.device, dtype=tokens.dtype))
 
     def check(self, prefix: str = "generate") -> list[str]:
         """Range checks, one line per broken rule, keys named as ``{prefix}.field``."""
@@ -200,11 +214,12 @@ def next_log_probs(logits: Tensor, step: Tensor, cfg: GenerationConfig, pad: int
     blocked for rows that generated fewer than min_len. Blocking happens after the softmax,
     so the other tokens keep the model's log-probabilities."""
     logp = logits.float().log_softmax(dim=-1)
-    if pad is not None and pad != cfg.eos_id:
+    if pad is not None and pad not in cfg.stop_ids:
         logp[:, pad] = NEG_INF
-    if cfg.eos_id is not None and cfg.min_len > 0:
+    if cfg.stop_ids and cfg.min_len > 0:
         block = (step >= 0) & (step < cfg.min_len)
-        logp[:, cfg.eos_id] = logp[:, cfg.eos_id].masked_fill(block, NEG_INF)
+        for eos in cfg.stop_ids:
+            logp[:, eos] = logp[:, eos].masked_fill(block, NEG_INF)
     return logp
 
 

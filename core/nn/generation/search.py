@@ -131,11 +131,12 @@ def _mask_in_place(scores: Tensor, p: int, lengths: Tensor, longest: int, cfg: G
                    pad: int | None) -> None:
     """PAD is never generated (it only follows EOS); EOS is blocked for rows that generated
     fewer than ``min_len`` tokens. ``scores`` (R, V) are logits or log-probs of position ``p``."""
-    if pad is not None and pad != cfg.eos_id:
+    if pad is not None and pad not in cfg.stop_ids:
         scores[:, pad] = NEG_INF
-    if cfg.eos_id is not None and cfg.min_len > 0 and p < longest + cfg.min_len:
+    if cfg.stop_ids and cfg.min_len > 0 and p < longest + cfg.min_len:
         step = p - lengths
-        scores[:, cfg.eos_id] = scores[:, cfg.eos_id].masked_fill((step >= 0) & (step < cfg.min_len), NEG_INF)
+        for eos in cfg.stop_ids:
+            scores[:, eos] = scores[:, eos].masked_fill((step >= 0) & (step < cfg.min_len), NEG_INF)
 
 
 def _decode_single(
@@ -154,16 +155,16 @@ def _decode_single(
     """
     B, device = prefix.shape[0], prefix.device
     seqs, start, end = init_seqs(prefix, lengths, cfg.max_len, pad)
-    longest, eos = int(lengths.max()), cfg.eos_id
+    longest, stops = int(lengths.max()), cfg.stop_ids
     cols = seqs.t().contiguous()  # (end, R): the token at every position
     tok_logp = torch.zeros(end, B, device=device)  # log-prob of the token at every position
-    done = torch.zeros(B, dtype=torch.bool, device=device) if eos is not None else None
+    done = torch.zeros(B, dtype=torch.bool, device=device) if stops else None
     # rows whose last allowed token (max_len) comes before the longest prompt's: done early
     finish: dict[int, Tensor] = {}
     if done is not None and start != longest:
         last = lengths + cfg.max_len - 1
         finish = {q: last.eq(q) for q in set(last.tolist()) if q < end - 1}
-    masking = (pad is not None and pad != eos) or (eos is not None and cfg.min_len > 0)
+    masking = (pad is not None and pad not in stops) or (bool(stops) and cfg.min_len > 0)
     # Views of every position made once (a list lookup per step instead of an indexing op):
     # col_rows[p] (R,) the tokens at p, logp_rows[p] their log-probs, inputs[p] (R, 1) the decoder input.
     col_rows, logp_rows, inputs = cols.unbind(0), tok_logp.unbind(0), cols[:, :, None].unbind(0)
@@ -191,7 +192,7 @@ def _decode_single(
             with torch.inference_mode(False):  # an ordinary copy: the callback may keep or change it
                 on_step(p - start, col_rows[p].clone())
         if done is not None:
-            hit = col_rows[p].eq(eos)
+            hit = cfg.is_stop(col_rows[p])
             done |= hit & ~in_prompt if forcing else hit
             if p in finish:
                 done |= finish[p]
@@ -209,8 +210,8 @@ def _finish(seqs: Tensor, tok_logp: Tensor, lengths: Tensor, cfg: GenerationConf
     tokens = generated_window(seqs, lengths, cfg.max_len)  # (R, max_len)
     logp = generated_window(tok_logp, lengths, cfg.max_len)
     gen_len = torch.full_like(lengths, cfg.max_len)
-    if cfg.eos_id is not None:
-        is_eos = tokens.eq(cfg.eos_id)
+    if cfg.stop_ids:
+        is_eos = cfg.is_stop(tokens)
         first = is_eos.int().argmax(dim=1)  # the first EOS (argmax returns the first maximum)
         gen_len = torch.where(is_eos.any(dim=1), first + 1, gen_len)
         after = torch.arange(cfg.max_len, device=tokens.device) >= gen_len[:, None]
@@ -263,7 +264,7 @@ def generate(
         raise TkError("; ".join(problems))
     _check_model(model, inputs)
     pad = cfg.pad_id if cfg.pad_id is not None else getattr(model, "pad_id", None)
-    if pad is None and cfg.eos_id is not None:
+    if pad is None and cfg.stop_ids:
         raise TkError("generation with eos_id needs a pad_id to fill positions after EOS: set generate.pad_id")
     if on_step is not None and cfg.strategy == "beam":
         raise ValueError("on_step (streaming) works with strategy greedy or sample, not beam")
