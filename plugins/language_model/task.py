@@ -107,7 +107,7 @@ class LanguageModelTask(Task):
             problems.append("data.path: source=text needs a text file, folder or glob (or set data.source=synthetic)")
         if d.block_size < 1:
             problems.append(f"data.block_size ({d.block_size}) must be >= 1")
-        if m.pos_encoding == "learned" and d.block_size > m.max_len:
+        if m.pos_encoding == "learned" and d.block_size > m.max_len and not is_hf_source(m.pretrained_from):
             problems.append(f"data.block_size ({d.block_size}) exceeds model.max_len ({m.max_len}); raise model.max_len")
         if not 0.0 < d.val_fraction < 1.0:
             problems.append(f"data.val_fraction ({d.val_fraction}) must be in (0, 1)")

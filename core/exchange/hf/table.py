@@ -121,7 +121,8 @@ def export_config(family: Family, cfg: TransformerConfig, model_type: str, base:
     if problems:
         raise TkError(f"--format hf: the model has options {family.architectures[model_type]} cannot express: "
                       + "; ".join(problems) + "; export --format safetensors instead")
-    out.update(extra)
+    for key, value in extra.items():  # e.g. Phi-3's partial_rotary_factor: 1.0 beside the rope keys tk writes
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
 
