@@ -28,6 +28,7 @@ CASES = {
     "gpu": ["--quick"],
     "baby_gpt": ["--quick"],
     "vit_cifar_timm": ["--quick"],
+    "pretrained_lm": ["--quick"],
 }
 
 
@@ -64,6 +65,8 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
         assert curve[-1] < curve[0] < 3.5
     if name == "vit_cifar_timm":  # the timm loop ran to its last evaluation
         assert result["updates"] == 8 and 0.0 <= result["top1"] <= 1.0
+    if name == "pretrained_lm":  # tk and transformers: the same first loss and the same generated tokens
+        assert result["same_tokens"] is True and result["first_loss_diff"] < 1e-5
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True

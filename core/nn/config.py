@@ -141,7 +141,8 @@ class TransformerConfig:
                 problems.append(f"{k(name)} ({value}) must be in [0, 1)")
         head_dim = self.attn_head_dim if self.num_heads >= 1 else 0
         if self.pos_encoding == "rotary" and head_dim % 2:
-            problems.append(f"{k('pos_encoding')} 'rotary' needs an even head dim, got {head_dim}")
+            how = f"{k('head_dim')}" if self.head_dim is not None else f"{k('dim')} / {k('num_heads')}"
+            problems.append(f"{k('pos_encoding')} 'rotary' needs an even head dim, got {how} = {head_dim}")
         problems += self._variant_problems(k)
         if self.lora is not None:
             problems += self.lora.check(k("lora"))

@@ -152,6 +152,9 @@ class RMSNorm(nn.Module):
         """(..., D) -> (..., D)."""
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        if not self.offset and self.weight.dtype in (torch.bfloat16, torch.float16):
+            # half-precision weights (a bf16 model): Llama's rounding, normalised then scaled in that dtype
+            return self.weight * xf.to(x.dtype)
         w = self.weight.float()
         return (xf * (w + self.offset if self.offset else w)).to(x.dtype)
 

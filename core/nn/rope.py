@@ -140,13 +140,16 @@ class RotaryEmbedding(nn.Module):
             offset: position of x's first token.
 
         Returns:
-            (B, H, T, Dh), same dtype as x (computed in float32).
+            (B, H, T, Dh), same dtype as x (float32 tables; half-precision x is rotated in its
+            own dtype with the tables rounded to it, as transformers does).
         """
         T = x.shape[-2]
         cos, sin = self._tables(offset + T, x.device)
         cos, sin = cos[offset : offset + T], sin[offset : offset + T]  # (T, Dh)
-        xf = x.float()
-        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
+        if x.dtype in (torch.bfloat16, torch.float16):  # in x's dtype, tables rounded to it (as transformers)
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+            return x * cos + _rotate_half(x) * sin
+        return x * cos + _rotate_half(x) * sin
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base}" + (f", scaling={self.scaling}" if self.scaling else "")

@@ -126,7 +126,7 @@ def test_check_names_each_problem():
         "model.depth (0) must be >= 1",
         "model.dim (100) must be divisible by model.num_heads (3), or set model.head_dim",
         "model.num_heads (3) must be divisible by model.num_kv_heads (2)",
-        "model.activation ('elu') must be one of gelu, relu, swiglu",
+        "model.activation ('elu') must be one of gelu, gelu_tanh, relu, silu, swiglu, geglu, geglu_tanh",
         "model.norm ('batchnorm') must be one of layernorm, rmsnorm",
         "model.norm_eps (0.0) must be > 0",
         "model.dropout (1.0) must be in [0, 1)",

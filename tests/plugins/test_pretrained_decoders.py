@@ -232,3 +232,63 @@ def test_the_recipe_shape_must_agree_with_the_folder(lm_run, tmp_path):
     args[-2:] = ["data.block_size=512", f"output_dir={tmp_path / 'r2'}"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "data.block_size (512) exceeds the model's 256 positions" in result.output
+
+
+def test_the_smollm2_recipe_runs_on_a_tiny_stand_in(tmp_path):
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+
+    save_tiny("smollm2", tmp_path / "smol")
+    (tmp_path / "input.txt").write_text(TEXT)
+    args = ["run", "lm_smollm2_shakespeare", f"data.path={tmp_path / 'input.txt'}", f"model.pretrained_from={tmp_path / 'smol'}",
+            "data.block_size=64", "data.eval_blocks=2", "train.max_steps=2", "train.eval_every=2", "train.batch_size=2",
+            "train.progress=false", f"output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "loaded as float32" in (tmp_path / "run" / "train.log").read_text()
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_prompts_encode_to_transformers_ids(tmp_path, bos):
+    from tests.plugins.hf_tiny import tokenizer
+    from tk.core.text import TextTokenizer
+
+    fast = tokenizer(tmp_path, bos=bos)
+    ours = TextTokenizer.load(tmp_path / "tokenizer.json")
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["the quick brown fox", "To be, or not to be:\n that is", "  spaces  and\ttabs", "émigré naïve 東京",
+                 "<|im_start|>user\nhi<|im_end|>"]:
+        assert ours.encode(text) == hf(text).input_ids == fast(text).input_ids, text
+    assert (ours.encode("x")[0] == 3) is bos  # the template's BOS, only where the tokenizer adds one
+
+
+def test_generate_refuses_a_prompt_beyond_the_models_context(lm_run):
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+
+    result = CliRunner().invoke(cli, ["generate", str(lm_run / "run"), "--prompt", "the quick brown fox " * 60,
+                                      "--max-new-tokens", "8"])
+    assert result.exit_code == 2 and "exceeds model.max_len (256)" in result.output
+
+
+def test_a_lora_run_from_a_hf_folder_exports_merged(lm_run, tmp_path):
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+    from tk.core.engine.inference import load_run
+
+    args = ["run", "lm_synthetic", "data.source=text", f"data.path={lm_run / 'corpus.txt'}",
+            f"model.pretrained_from={lm_run / 'llama3'}", "model.lora.rank=4", "optim.lr=1e-2", "train.max_steps=3",
+            "train.batch_size=4", "data.block_size=32", "data.eval_blocks=2", "data.num_samples=0",
+            f"output_dir={tmp_path / 'lora'}"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "lora"), "--format", "hf", "-o", str(tmp_path / "exp")])
+    assert result.exit_code == 0, result.output
+    _, model = load_run(tmp_path / "lora", "last", [])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exp").eval()
+    tokens = torch.randint(0, 300, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-4)

@@ -29,8 +29,7 @@ ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": 
         "silu": "silu", "swish": "silu"}
 PLAIN = (("n_embd", "dim"), ("n_layer", "depth"), ("n_head", "num_heads"), ("n_positions", "max_len"),
          ("layer_norm_epsilon", "norm_eps"), ("tie_word_embeddings", "tie_embeddings"))
-FIXED = {"norm": "layernorm", "pos_encoding": "learned", "norm_first": True, "final_norm": True, "bias": True,
-         "norm_bias": True}
+FIXED = {"norm": "layernorm", "pos_encoding": "learned", "norm_first": True, "final_norm": True, "bias": True}
 DEFAULTS = {"n_positions": 1024, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "activation_function": "gelu_new",
             "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}
 TOP = rows(("tok_embed.weight", "transformer.wte.weight"), ("pos.weight", "transformer.wpe.weight"),
@@ -58,7 +57,8 @@ def _to_tk(v: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         problems.append("scale_attn_weights false (supported: true)")
     if v.get("add_cross_attention"):
         problems.append("add_cross_attention true (a decoder-only LM has none)")
-    return {"activation": act, "hidden_dim": v.get("n_inner") or 4 * v["n_embd"]}, problems
+    # norm_bias: imported with; a tk model without LayerNorm biases exports zeros (the same function)
+    return {"activation": act, "hidden_dim": v.get("n_inner") or 4 * v["n_embd"], "norm_bias": True}, problems
 
 
 def _to_hf(cfg: TransformerConfig) -> tuple[dict[str, Any], list[str]]:
