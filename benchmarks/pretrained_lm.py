@@ -2,8 +2,8 @@
 
 A random Llama of SmolLM2-135M's shape (dim 576, 30 layers, 9 heads / 3 kv heads, hidden 1536, vocab
 49152, tied) is saved locally in bf16; each measurement runs in a fresh subprocess (load + one forward
-of 1 x 32 tokens) and reports wall time and peak RSS above the process's own after its imports, as a
-multiple of the file's size. Two cases: the bf16 file kept in bf16, and upcast to float32. Medians of
+of 1 x 32 tokens) and reports wall time and peak RSS (``VmHWM``, reset after the imports through
+``/proc/self/clear_refs``) above the RSS the imports left, as a multiple of the file's size. Two cases: the bf16 file kept in bf16, and upcast to float32. Medians of
 ``--reps`` alternating repetitions. ``--quick`` uses a 4-layer 128-wide model (the suite's smoke run).
 
 Then, in this process, both models loaded from the same file in float32 (``--threads`` threads):
@@ -36,7 +36,7 @@ SHAPES = {"full": dict(hidden_size=576, intermediate_size=1536, num_hidden_layer
                         num_key_value_heads=2, vocab_size=4096)}
 
 CHILD = r'''
-import json, resource, sys, time
+import json, sys, time
 import torch
 which, folder, dtype = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
 if which == "tk":
@@ -47,7 +47,19 @@ if which == "tk":
 else:
     from transformers import AutoModelForCausalLM
 torch.set_num_threads(1)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def status(key):  # kB
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1])
+
+
+import safetensors.torch  # noqa: F401  what each loader imports lazily, imported before the baseline
+import transformers.models.llama.modeling_llama  # noqa: F401
+torch.nn.functional.linear(torch.randn(64, 64), torch.randn(64, 64))  # the thread pool's first allocations
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) restarts from what the imports left
+base = status("VmRSS:")
 t0 = time.perf_counter()
 if which == "tk":
     config = read_config(__import__("pathlib").Path(folder))
@@ -59,7 +71,7 @@ else:
 load_s = time.perf_counter() - t0
 with torch.no_grad():
     out = model(torch.zeros(1, 32, dtype=torch.long))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = status("VmHWM:")
 print(json.dumps({"load_s": load_s, "extra_mb": (peak - base) / 1024}))
 '''
 

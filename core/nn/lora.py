@@ -80,7 +80,10 @@ class LoRALinear(nn.Linear):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
         self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
-        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        # float32 adapters on a half-precision base (a bf16 model kept as it is): the small trained
+        # part keeps full precision, as QLoRA/PEFT recipes do
+        half = base.weight.dtype in (torch.bfloat16, torch.float16)
+        factory = {"device": base.weight.device, "dtype": torch.float32 if half else base.weight.dtype}
         self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, **factory))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, **factory))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own init, as PEFT
@@ -90,7 +93,10 @@ class LoRALinear(nn.Linear):
         """x (..., in) -> (..., out)."""
         # the scale on the (..., rank) activation and the in-place add save two full-size passes
         # (F.linear keeps its input and weight for backward, not its output, so adding into it is safe)
-        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A) * self.scale, self.lora_B)
+        a, b = self.lora_A, self.lora_B
+        if a.dtype != x.dtype:  # float32 adapters beside a half-precision base
+            a, b = a.to(x.dtype), b.to(x.dtype)
+        update = F.linear(F.linear(self.lora_dropout(x), a) * self.scale, b)
         return F.linear(x, self.weight, self.bias).add_(update)
 
     @torch.no_grad()

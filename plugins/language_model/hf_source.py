@@ -129,4 +129,5 @@ def read_hf_json(files: TaskFiles, name: str) -> dict[str, Any]:
     return json.loads(files.read_text(name)) if files.dir is not None and files.exists(name) else {}
 
 
-__all__ = ["HFSource", "HF_CONFIG_FILE", "generation_defaults", "is_hf_source", "read_hf_json", "read_json"]
+__all__ = ["HFSource", "HF_CONFIG_FILE", "generation_defaults", "is_hf_source", "read_hf_json", "read_json",
+           "resolve_dtype"]

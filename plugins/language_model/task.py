@@ -38,7 +38,7 @@ from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, cut_pieces, encode_long, iter_column, load_hub_dataset
 from tk.core.text.long_text import adds_specials
 from tk.core.text.token_store import TokenStore
-from tk.plugins.language_model.hf_source import HFSource, generation_defaults, is_hf_source
+from tk.plugins.language_model.hf_source import HFSource, generation_defaults, is_hf_source, resolve_dtype
 from tk.plugins.language_model.corpus import corpus_files, iter_corpus, synthetic_text, take_chars
 from tk.plugins.language_model.data import (
     UNK,
@@ -196,7 +196,10 @@ class LanguageModelTask(Task):
         self.hf = HFSource.open(self.model_cfg.pretrained_from)
         self.model_cfg = self.hf.adopt(self.model_cfg, self.cfg.given, self.data.block_size)
         if write:
-            self.hf.keep_files(self.files, {k: getattr(self.model_cfg, k) for k in TRANSFORMER_SHAPE_KEYS})
+            # the dtype as resolved (auto: the file's), so resume, eval and export rebuild it
+            dtype = str(resolve_dtype(self.model_cfg.dtype, self.hf.files, self.hf.config)).removeprefix("torch.")
+            self.hf.keep_files(self.files, {**{k: getattr(self.model_cfg, k) for k in TRANSFORMER_SHAPE_KEYS},
+                                            "dtype": dtype})
 
     def _tokenise(self) -> np.ndarray:
         """The tokenizer (given, or trained on the part before the validation cut) and the

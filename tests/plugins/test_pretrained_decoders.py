@@ -292,3 +292,119 @@ def test_a_lora_run_from_a_hf_folder_exports_merged(lm_run, tmp_path):
     tokens = torch.randint(0, 300, (2, 24))
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-4)
+
+
+def test_a_bare_model_checkpoint_and_a_torch_file_load_too(folders, tmp_path):
+    """The hub's gpt2 stores GPT2Model names (no ``transformer.``); older uploads a pytorch_model.bin."""
+    from safetensors.torch import load_file, save_file
+
+    folder, hf = folders["gpt2"]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((folder / "config.json").read_text())
+    save_file({k.removeprefix("transformer."): v for k, v in load_file(folder / "model.safetensors").items()},
+              bare / "model.safetensors")
+    binary = tmp_path / "bin"
+    binary.mkdir()
+    (binary / "config.json").write_text((folder / "config.json").read_text())
+    torch.save(load_file(folder / "model.safetensors"), binary / "pytorch_model.bin")
+    tokens = torch.randint(0, 320, (1, 16))
+    with torch.no_grad():
+        want = hf(tokens).logits
+        for path in (bare, binary):
+            torch.testing.assert_close(tk_model(path)[0](tokens), want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_hub_id_resolves_through_the_hub_client(folders, monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from tk.plugins.language_model.hf_source import HFSource, is_hf_source
+
+    calls = []
+
+    def fake_download(repo_id, allow_patterns):
+        calls.append((repo_id, allow_patterns))
+        return str(folders["qwen2"][0])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    monkeypatch.chdir(tmp_path)  # no folder of that name here
+    assert is_hf_source("Qwen/Qwen2.5-0.5B")
+    source = HFSource.open("Qwen/Qwen2.5-0.5B")
+    assert calls[0][0] == "Qwen/Qwen2.5-0.5B" and "model-*.safetensors" in calls[0][1]
+    assert source.config["model_type"] == "qwen2" and source.fields["qkv_bias"] is True
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(tmp_path):
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+
+    save_tiny("llama2", tmp_path / "m")  # a tokenizer of 300 ids
+    _write_config(tmp_path / "m", vocab_size=290)
+    (tmp_path / "c.txt").write_text(TEXT)
+    result = CliRunner().invoke(cli, ["run", "lm_synthetic", "data.source=text", f"data.path={tmp_path / 'c.txt'}",
+                                      f"model.pretrained_from={tmp_path / 'm'}", f"output_dir={tmp_path / 'run'}"])
+    assert result.exit_code == 2 and "embedding only 290 rows" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_processes_from_a_hf_folder_equals_one_process(tmp_path):
+    import subprocess
+    import sys
+
+    save_tiny("qwen2", tmp_path / "m")
+    (tmp_path / "c.txt").write_text(TEXT)
+    common = ["data.source=text", f"data.path={tmp_path / 'c.txt'}", f"model.pretrained_from={tmp_path / 'm'}",
+              "data.block_size=32", "data.eval_blocks=4", "data.num_samples=0", "train.max_steps=4",
+              "train.eval_every=2", "train.log_every=1", "train.progress=false", "train.device=cpu"]
+
+    def run(out, *extra):
+        proc = subprocess.run([str(Path(sys.executable).with_name("tk")), "run", "lm_synthetic", f"output_dir={out}",
+                               *common, *extra], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    two = run(tmp_path / "fsdp", "train.batch_size=4", "train.strategy=fsdp", "--nproc-per-node", "2")
+    one = run(tmp_path / "one", "train.batch_size=8")
+    assert [r["step"] for r in two] == [r["step"] for r in one]
+    for a, b in zip(two, one):
+        for key in ("loss", "val/loss"):
+            if key in b:
+                assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key)
+
+
+def test_generation_stops_at_any_eos_id_even_when_pad_is_eos(folders):
+    model, _ = tk_model(folders["llama3"][0])
+    prompt = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(3))
+    free = generate(model, prompt, GenerationConfig(max_len=12)).tokens[0]
+    stop = int(free[3])
+    first = int((free == stop).nonzero()[0])  # where that token first appears
+    unused = next(t for t in range(300) if t not in free.tolist())
+    for cfg in (GenerationConfig(max_len=12, eos_id=unused, eos_ids=[stop], pad_id=stop),  # pad == an eos id
+                GenerationConfig(max_len=12, eos_id=stop, pad_id=stop)):
+        out = generate(model, prompt, cfg).tokens[0]
+        assert out.tolist() == free[: first + 1].tolist()
+
+
+def test_lora_on_a_bf16_base_keeps_the_file_dtype_and_trains_float32_adapters(tmp_path):
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+    from tk.core.engine.inference import load_run
+
+    save_tiny("smollm2", tmp_path / "m", dtype=torch.bfloat16)
+    (tmp_path / "c.txt").write_text(TEXT)
+    args = ["run", "lm_smollm2_shakespeare", f"data.path={tmp_path / 'c.txt'}", f"model.pretrained_from={tmp_path / 'm'}",
+            "model.dtype=auto", "model.lora.rank=4", "optim.lr=1e-2", "data.block_size=32", "data.eval_blocks=2",
+            "train.max_steps=6", "train.eval_every=6", "train.batch_size=4", "train.progress=false", "train.log_every=1",
+            f"output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "loaded as bfloat16" in (tmp_path / "run" / "train.log").read_text()
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in x]
+    assert all(map(torch.isfinite, torch.tensor(losses))) and losses[-1] < losses[0]
+    _, model = load_run(tmp_path / "run", "last", [])
+    dtypes = {n.rsplit(".", 1)[-1]: p.dtype for n, p in model.named_parameters()}
+    assert dtypes["lora_A"] == torch.float32 and dtypes["weight"] == torch.bfloat16

@@ -65,6 +65,15 @@ class _Aliased:
     def get(self, name: str) -> torch.Tensor:
         return self.files.get(self._names[name])
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.files.shape(self._names[name])
+
+    def file_dtype(self, name: str) -> torch.dtype:
+        return self.files.file_dtype(self._names[name])
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        self.files.read_into(self._names[name], out)
+
 
 def resolve_dtype(spec: str, files: WeightFiles, config: Mapping[str, Any]) -> torch.dtype:
     """``model.dtype``: float32 / bfloat16 / float16, or ``auto`` (config.json's ``dtype`` /

@@ -61,9 +61,10 @@ def read_json(folder: Path, name: str) -> dict[str, Any]:
 
 
 class WeightFiles:
-    """The tensors of a folder by name, each read when asked for (safetensors are memory-mapped:
-    a sharded checkpoint is never held whole). Opening checks every file's header, so a
-    truncated file or a missing shard fails before anything heavy.
+    """The tensors of a folder by name, each read when asked for, with plain file reads straight
+    into the tensor that keeps it (:meth:`read_into`): no memory map whose pages would count
+    twice, no second copy, and a sharded checkpoint is never held whole. Opening reads every
+    file's header, so a truncated file or a missing shard fails before anything heavy.
 
     Raises (constructor):
         TkError: no weights file, an index naming a missing shard, a truncated or damaged file.
@@ -72,7 +73,7 @@ class WeightFiles:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._where: dict[str, Path] = {}
-        self._open: dict[Path, Any] = {}
+        self._entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}  # dtype, shape, start, end
         self._torch: dict[str, torch.Tensor] | None = None
         if (folder / SINGLE).is_file():
             self._add(folder / SINGLE)
@@ -84,21 +85,27 @@ class WeightFiles:
             raise TkError(f"{KEY}: {folder} has no weights ({SINGLE}, {INDEX} or {TORCH})")
 
     def _add(self, path: Path) -> None:
-        from safetensors import safe_open  # lazy: only loading a folder reads safetensors
-
+        size = path.stat().st_size
         try:
-            handle = safe_open(str(path), framework="pt")
-        except Exception as e:  # safetensors raises several kinds for a damaged header
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if not 2 <= n <= size - 8:
+                    raise ValueError(f"a header of {n} bytes in a file of {size}")
+                header = json.loads(f.read(n))
+            base, end = 8 + n, 0
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                start, stop = info["data_offsets"]
+                self._entries[name] = (_ST_DTYPES[info["dtype"]], tuple(info["shape"]), base + start, base + stop)
+                self._where[name] = path
+                end = max(end, base + stop)
+        except (OSError, ValueError, KeyError, TypeError) as e:
             detail = (str(e).splitlines() or [type(e).__name__])[0][:160]
             raise TkError(f"{KEY}: cannot read {path}: the file is truncated or damaged ({detail}); download or "
                           f"save it again") from e
-        size = path.stat().st_size
-        for name in handle.keys():
-            self._where[name] = path
-        self._open[path] = handle
         # the header names each tensor's byte range: a file cut short is caught here, not mid-load
-        end = _data_end(path)
-        if end is not None and end > size:
+        if end > size:
             raise TkError(f"{KEY}: {path} is truncated ({size} bytes, its header describes {end}); download or "
                           f"save it again")
 
@@ -125,26 +132,41 @@ class WeightFiles:
     def __contains__(self, name: str) -> bool:
         return name in (self._torch if self._torch is not None else self._where)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._torch[name].shape) if self._torch is not None else self._entries[name][1]
+
+    def file_dtype(self, name: str) -> torch.dtype:
+        return self._torch[name].dtype if self._torch is not None else self._entries[name][0]
+
     def get(self, name: str) -> torch.Tensor:
-        """The tensor ``name`` (a fresh CPU tensor)."""
+        """The tensor ``name``, in the file's dtype (a fresh CPU tensor)."""
         if self._torch is not None:
             return self._torch[name]
-        return self._open[self._where[name]].get_tensor(name)
+        out = torch.empty(self.shape(name), dtype=self.file_dtype(name))
+        self.read_into(name, out)
+        return out
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        if self._torch is not None:
-            return tuple(self._torch[name].shape)
-        return tuple(self._open[self._where[name]].get_slice(name).get_shape())
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Fill ``out`` (contiguous, the tensor's shape; any dtype) with the tensor ``name``: read
+        in place when the dtypes agree, else through one buffer of the file's dtype."""
+        if self._torch is not None or out.dtype != self.file_dtype(name):
+            out.copy_(self.get(name) if self._torch is None or out.dtype == self.file_dtype(name)
+                      else self._torch[name])
+            return
+        _, shape, start, end = self._entries[name]
+        if tuple(out.shape) != shape or not out.is_contiguous():
+            raise ValueError(f"read_into({name!r}): got a {tuple(out.shape)} tensor for a {shape} one")
+        raw = out.view(-1).view(torch.uint8) if out.numel() else out.view(torch.uint8)
+        with open(self._where[name], "rb") as f:
+            f.seek(start)
+            if f.readinto(memoryview(raw.numpy())) != end - start:
+                raise TkError(f"{KEY}: {self._where[name]} ends inside tensor {name!r}; the file is truncated")
 
     def dtype(self) -> torch.dtype:
         """The dtype of the first floating-point tensor (what ``model.dtype: auto`` keeps)."""
         for name in self.names():
-            t = self._torch[name] if self._torch is not None else None
-            if t is None:
-                dtype = _ST_DTYPES.get(self._open[self._where[name]].get_slice(name).get_dtype())
-            else:
-                dtype = t.dtype
-            if dtype is not None and dtype.is_floating_point:
+            dtype = self.file_dtype(name)
+            if dtype.is_floating_point:
                 return dtype
         return torch.float32
 
@@ -152,22 +174,12 @@ class WeightFiles:
         """Bytes on disk of the weights files."""
         if self._torch is not None:
             return (self.folder / TORCH).stat().st_size
-        return sum(p.stat().st_size for p in self._open)
+        return sum(p.stat().st_size for p in set(self._where.values()))
 
 
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
-
-
-def _data_end(path: Path) -> int | None:
-    """The byte where a safetensors file's data should end, from its header."""
-    try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError):
-        return None
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    return 8 + n + max(ends, default=0)
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
 
 
 def _read_torch(path: Path) -> dict[str, torch.Tensor]:

@@ -158,14 +158,7 @@ def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], de
             hint = "; the config says the head is untied (tie_word_embeddings false)" if name == "lm_head.weight" else ""
             raise TkError(f"{KEY}: {files.folder} has no tensor {missing[0]!r} (needed for tk's {name}){hint}; "
                           f"is the checkpoint complete and of the family its config.json names?")
-        parts = [files.get(n) for n in row.hf]
-        t = parts[0] if len(parts) == 1 else torch.cat(parts)
-        del parts
-        t = t.t().contiguous() if row.transpose else t
-        if tuple(t.shape) != tuple(mine.shape):
-            raise TkError(f"{KEY}: tensor {'+'.join(row.hf)} is {tuple(t.shape)} but config.json makes tk's {name} "
-                          f"{tuple(mine.shape)}; the weights and config.json disagree")
-        out[name] = t if dtype is None or not t.is_floating_point() else t.to(dtype)
+        out[name] = _read_row(files, row, name, tuple(mine.shape), dtype)
         used.update(row.hf)
     left = [n for n in files.names() if n not in used and not n.endswith(family.ignore)]
     if tied and "lm_head.weight" in left:  # a redundant copy of the tied head (Qwen1.5 uploads)
@@ -176,6 +169,29 @@ def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], de
     if left:
         raise TkError(f"{KEY}: {files.folder} holds {len(left)} tensors the {family.name} mapping does not know "
                       f"({', '.join(left[:3])}); tk would drop them, so it refuses")
+    return out
+
+
+def _read_row(files: Any, row: Row, name: str, shape: tuple[int, ...], dtype: torch.dtype | None) -> torch.Tensor:
+    """tk's tensor ``name`` of ``shape``: its parts read straight into their rows (a fused q/k/v or
+    gate/up is never built twice), transposed through one buffer where the family stores (in, out)."""
+    shapes = [files.shape(n) for n in row.hf]
+    if row.transpose:
+        shapes = [s[::-1] for s in shapes]
+    got = (sum(s[0] for s in shapes), *shapes[0][1:]) if shapes[0] else ()
+    if any(s[1:] != shapes[0][1:] for s in shapes) or got != shape:
+        raise TkError(f"{KEY}: tensor {'+'.join(row.hf)} is {got if len(shapes) == 1 else shapes} but config.json "
+                      f"makes tk's {name} {shape}; the weights and config.json disagree")
+    kind = files.file_dtype(row.hf[0])
+    out = torch.empty(shape, dtype=dtype if dtype is not None and kind.is_floating_point else kind)
+    start = 0
+    for part, s in zip(row.hf, shapes):
+        target = out.narrow(0, start, s[0]) if out.dim() else out
+        if row.transpose:
+            target.copy_(files.get(part).t())
+        else:
+            files.read_into(part, target)
+        start += s[0] if s else 0
     return out
 
 
