@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--load-only", action="store_true", help="only the load time / peak RSS table")
     args = ap.parse_args()
     if args.quick:
         args.seq, args.new = 64, 8
@@ -107,7 +108,7 @@ def main() -> None:
             for dtype in ("bfloat16", "float32"):
                 for which in ("tk", "transformers") if rep % 2 == 0 else ("transformers", "tk"):
                     rows.setdefault((which, dtype), []).append(measure(which, folder, dtype))
-        speed = compare_speed(folder, args)
+        speed = {"times": {}, "checks": {}} if args.load_only else compare_speed(folder, args)
     print(f"CPU: {cpu_name()}; file {size_mb:.1f} MB (bf16)")
     print(f"{'loader':<14}{'weights':<10}{'load s':>8}{'extra RSS MB':>14}{'x file':>8}")
     result = {"benchmark": "pretrained_lm", "cpu": cpu_name(), "file_mb": round(size_mb, 1)}

@@ -93,7 +93,8 @@ class Trainer:
 
         if t.grad_checkpointing:
             enable_grad_checkpointing(self.model)
-        self.model.to(self.device)
+        if not hasattr(self.model, "tk_fill_weights"):  # else FSDP materialises it shard by shard
+            self.model.to(self.device)
         self.task.teacher = prepare_teacher(self.task.build_teacher(), self.device)
         self.ddp_model = wrap_model(self.model, t.strategy, self.device, self.world_size, t.precision,
                                     t.fsdp_reshard)

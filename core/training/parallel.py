@@ -92,7 +92,9 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
         raise TkError(f"train.strategy: fsdp with train.precision={precision} on CUDA casts BatchNorm weights but "
                       f"not their running statistics ({type(model).__name__} has BatchNorm, e.g. model.stem=conv); "
                       f"use train.precision=fp32, train.strategy=ddp, or a model without BatchNorm")
-    _broadcast_from_rank0(model)
+    fill = getattr(model, "tk_fill_weights", None)  # a pretrained model left on the meta device to load its shards
+    if fill is None:
+        _broadcast_from_rank0(model)
     mesh = init_device_mesh(device.type, (world_size,))
     options: dict[str, Any] = {"mesh": mesh}
     if device.type == "cuda" and precision in _PARAM_DTYPES:
@@ -100,6 +102,10 @@ def wrap_fsdp(model: nn.Module, device: torch.device, world_size: int, precision
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **options)
     fully_shard(model, reshard_after_forward=False, **options)
+    if fill is not None:  # each process allocates and reads only its own shards
+        model.to_empty(device=device)
+        fill(model)
+        del model.tk_fill_weights
     for siblings in block_lists(model):
         _prefetch_neighbours(siblings, async_unshard=device.type == "cpu")
     for module in model.modules():  # what gathered() restores

@@ -92,11 +92,14 @@ class HFSource:
                   "model": adopted}
         files.write_text(RECORD_FILE, json.dumps(record, indent=1))
 
-    def build(self, build: Any, dtype_spec: str) -> torch.nn.Module:
+    def build(self, build: Any, dtype_spec: str, sharded: bool = False) -> torch.nn.Module:
+        """The model with the folder's weights; ``sharded`` (FSDP over several processes): left on the
+        meta device, each process reading only its shards once FSDP has sharded it."""
         dtype = resolve_dtype(dtype_spec, self.files, self.config)
-        model = load_decoder(build, self.folder, dtype, self.config)
-        log.info("model.pretrained_from: %s (%s, %d tensors, %.1f MB of weights) loaded as %s", self.spec,
-                 self.config["model_type"], len(model.state_dict()), self.files.nbytes() / 1e6,
+        model = load_decoder(build, self.folder, dtype, self.config, defer=sharded)
+        how = "each process reads its FSDP shards" if sharded else "loaded"
+        log.info("model.pretrained_from: %s (%s, %d tensors, %.1f MB of weights) %s as %s", self.spec,
+                 self.config["model_type"], len(model.state_dict()), self.files.nbytes() / 1e6, how,
                  str(dtype).removeprefix("torch."))
         return model
 

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.data.samplers import RandomBlockSampler
-from tk.core.distributed import is_main_process
+from tk.core.distributed import get_world_size, is_main_process
 from tk.core.engine.inference import (
     TRANSFORMER_SHAPE_KEYS,
     SourceRun,
@@ -301,8 +301,9 @@ class LanguageModelTask(Task):
     # -- model and loss ----------------------------------------------------------------
     def build_model(self) -> nn.Module:
         """The GPT; with a Hugging Face source (a fresh run) its weights, loaded on the meta device."""
-        if self.hf is not None:
-            return self.hf.build(lambda: build_model(self.model_cfg, self.vocab_size), self.model_cfg.dtype)
+        if self.hf is not None:  # under FSDP (no adapters to initialise) each process loads only its shards
+            sharded = self.cfg.train.strategy == "fsdp" and get_world_size() > 1 and self.model_cfg.lora is None
+            return self.hf.build(lambda: build_model(self.model_cfg, self.vocab_size), self.model_cfg.dtype, sharded)
         model = build_model(self.model_cfg, self.vocab_size)
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.model_cfg.dtype)
         return model.to(dtype) if dtype is not None else model  # resume: the dtype the run trained in

@@ -350,6 +350,8 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(tmp_pa
 
 @pytest.mark.slow
 def test_fsdp_on_two_processes_from_a_hf_folder_equals_one_process(tmp_path):
+    """Each process reads only its shards (the model stays on the meta device until FSDP has
+    sharded it); the run equals one process with the global batch."""
     import subprocess
     import sys
 
@@ -366,6 +368,7 @@ def test_fsdp_on_two_processes_from_a_hf_folder_equals_one_process(tmp_path):
         return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
     two = run(tmp_path / "fsdp", "train.batch_size=4", "train.strategy=fsdp", "--nproc-per-node", "2")
+    assert "each process reads its FSDP shards" in (tmp_path / "fsdp" / "train.log").read_text()
     one = run(tmp_path / "one", "train.batch_size=8")
     assert [r["step"] for r in two] == [r["step"] for r in one]
     for a, b in zip(two, one):

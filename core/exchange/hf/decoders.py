@@ -15,7 +15,7 @@ from torch import nn
 from tk.core.errors import TkError
 from tk.core.exchange.hf import gemma, gpt2, llama, phi3
 from tk.core.exchange.hf.folder import KEY, WeightFiles, read_config
-from tk.core.exchange.hf.table import Family, config_to_tk, export_config, export_state, import_state
+from tk.core.exchange.hf.table import Family, config_to_tk, export_config, export_state, import_state, plan_import, read_tensor
 from tk.core.nn.config import TransformerConfig
 
 FAMILIES: dict[str, Family] = {**gpt2.FAMILIES, **llama.FAMILIES, **phi3.FAMILIES, **gemma.FAMILIES}
@@ -85,9 +85,14 @@ def resolve_dtype(spec: str, files: WeightFiles, config: Mapping[str, Any]) -> t
 
 
 def load_decoder(build: Callable[[], nn.Module], folder: Path, dtype: torch.dtype | None = None,
-                 config: Mapping[str, Any] | None = None) -> nn.Module:
+                 config: Mapping[str, Any] | None = None, defer: bool = False) -> nn.Module:
     """A :class:`DecoderOnlyLM` holding the folder's weights, built by ``build()`` on the meta
     device (no random initialisation, no float32 copy of a bf16 file unless ``dtype`` asks).
+
+    ``defer``: every name checked, but the weights stay on the meta device; the model carries
+    ``model.tk_fill_weights(model)``, which FSDP calls once it has sharded the model, so that each
+    process reads, tensor by tensor, and keeps only its own shards (see
+    :func:`tk.core.training.parallel.wrap_fsdp`).
 
     Raises:
         TkError: missing/truncated files or shards, tensors missing, unknown or of another shape.
@@ -100,6 +105,11 @@ def load_decoder(build: Callable[[], nn.Module], folder: Path, dtype: torch.dtyp
     with torch.device("meta"):
         model = build()
     tied = model.lm_head.weight is model.tok_embed.weight
+    if defer:
+        plan = plan_import(family, view, model.state_dict(), len(model.decoder.layers), tied)
+        _materialise_buffers(model, params=False)
+        model.tk_fill_weights = lambda m: _fill_shards(m, view, plan, dtype)
+        return model
     state = import_state(family, view, model.state_dict(), len(model.decoder.layers), tied, dtype)
     model.load_state_dict(state, strict=False, assign=True)
     if tied:
@@ -108,16 +118,35 @@ def load_decoder(build: Callable[[], nn.Module], folder: Path, dtype: torch.dtyp
     return model
 
 
-def _materialise_buffers(model: nn.Module) -> None:
-    """Buffers left on the meta device (rotary frequencies, position tables) computed on the CPU."""
+def _materialise_buffers(model: nn.Module, params: bool = True, device: torch.device | str = "cpu",
+                         every: bool = False) -> None:
+    """Buffers left on the meta device (rotary frequencies, position tables) computed on ``device``
+    (``every``: all of them, after ``to_empty``); then no parameter may be left there."""
     for module in model.modules():
-        if any(b.is_meta for b in module.buffers(recurse=False)):
+        if any(every or b.is_meta for b in module.buffers(recurse=False)):
             if not hasattr(module, "reset_buffers"):
                 raise TkError(f"{KEY}: {type(module).__name__} cannot be built on the meta device (no reset_buffers)")
-            module.reset_buffers("cpu")
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if left:
+            module.reset_buffers(device)
+    left = [n for n, t in model.named_parameters() if t.is_meta]
+    if params and left:
         raise TkError(f"{KEY}: no weights were read for {left[:3]}")
+
+
+@torch.no_grad()
+def _fill_shards(model: nn.Module, files: Any, plan: Mapping[str, Any], dtype: torch.dtype | None) -> None:
+    """After ``fully_shard`` + ``to_empty``: each parameter's local shard from the files, one full
+    tensor at a time (read, sliced by ``distribute_tensor``, dropped)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for name, param in model.named_parameters():
+        key = name.replace("._checkpoint_wrapped_module", "")
+        full = read_tensor(files, plan[key], key, tuple(param.shape), dtype)
+        if isinstance(param, DTensor):
+            param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements).to_local())
+        else:
+            param.copy_(full)
+    device = next(model.parameters()).device
+    _materialise_buffers(model, device=device, every=True)
 
 
 def export_decoder(model: nn.Module, cfg: TransformerConfig, model_type: str,

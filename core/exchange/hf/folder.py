@@ -18,6 +18,7 @@ KEY = "model.pretrained_from"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 SINGLE, INDEX, TORCH = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+_CHUNK = 16 << 20  # bytes read at a time when a tensor changes dtype on the way in
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -148,19 +149,26 @@ class WeightFiles:
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         """Fill ``out`` (contiguous, the tensor's shape; any dtype) with the tensor ``name``: read
-        in place when the dtypes agree, else through one buffer of the file's dtype."""
-        if self._torch is not None or out.dtype != self.file_dtype(name):
-            out.copy_(self.get(name) if self._torch is None or out.dtype == self.file_dtype(name)
-                      else self._torch[name])
+        in place when the dtypes agree, else through a buffer of the file's dtype of at most
+        ``_CHUNK`` bytes (a bf16 file upcast to float32 never holds a whole tensor twice)."""
+        if self._torch is not None:
+            out.copy_(self._torch[name])
             return
-        _, shape, start, end = self._entries[name]
+        kind, shape, start, end = self._entries[name]
         if tuple(out.shape) != shape or not out.is_contiguous():
             raise ValueError(f"read_into({name!r}): got a {tuple(out.shape)} tensor for a {shape} one")
-        raw = out.view(-1).view(torch.uint8) if out.numel() else out.view(torch.uint8)
+        flat = out.view(-1)
+        step = max(1, _CHUNK // kind.itemsize) if kind != out.dtype else max(flat.numel(), 1)
         with open(self._where[name], "rb") as f:
             f.seek(start)
-            if f.readinto(memoryview(raw.numpy())) != end - start:
-                raise TkError(f"{KEY}: {self._where[name]} ends inside tensor {name!r}; the file is truncated")
+            for i in range(0, flat.numel(), step):
+                part = flat[i: i + step]
+                buffer = part if kind == out.dtype else torch.empty(part.numel(), dtype=kind)
+                raw = buffer.view(torch.uint8)
+                if f.readinto(memoryview(raw.numpy())) != raw.numel():
+                    raise TkError(f"{KEY}: {self._where[name]} ends inside tensor {name!r}; the file is truncated")
+                if buffer is not part:
+                    part.copy_(buffer)
 
     def dtype(self) -> torch.dtype:
         """The dtype of the first floating-point tensor (what ``model.dtype: auto`` keeps)."""

@@ -133,20 +133,18 @@ def _split_sizes(row: Row, t: torch.Tensor, cfg: TransformerConfig) -> list[int]
     return [t.shape[0] // len(row.hf)] * len(row.hf)  # gate, up
 
 
-def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int, tied: bool,
-                 dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """The tk state dict of a family checkpoint: each tk tensor ``own`` names (shapes checked),
-    read from ``files`` (:class:`~tk.core.exchange.hf.folder.WeightFiles`) one at a time and cast
-    to ``dtype`` (None keeps the file's).
+def plan_import(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int,
+                tied: bool) -> dict[str, Row]:
+    """Which family tensors make each tk tensor ``own`` names, every name checked before any data
+    is read (shapes are checked as each is read, :func:`read_tensor`).
 
     Raises:
-        TkError: a tensor missing or of another shape, a tensor the family does not know, or an
-            untied head absent from the file, named.
+        TkError: a tensor missing, a tensor the family does not know, or an untied head absent
+            from the file, named.
     """
     table = {r.tk: r for r in family.expanded(depth)}
-    used: set[str] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, mine in own.items():
+    plan: dict[str, Row] = {}
+    for name in own:
         if tied and name == "lm_head.weight":
             continue
         row = table.get(name)
@@ -158,21 +156,35 @@ def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], de
             hint = "; the config says the head is untied (tie_word_embeddings false)" if name == "lm_head.weight" else ""
             raise TkError(f"{KEY}: {files.folder} has no tensor {missing[0]!r} (needed for tk's {name}){hint}; "
                           f"is the checkpoint complete and of the family its config.json names?")
-        out[name] = _read_row(files, row, name, tuple(mine.shape), dtype)
-        used.update(row.hf)
+        plan[name] = row
+    used = {n for row in plan.values() for n in row.hf}
     left = [n for n in files.names() if n not in used and not n.endswith(family.ignore)]
     if tied and "lm_head.weight" in left:  # a redundant copy of the tied head (Qwen1.5 uploads)
-        if not torch.equal(files.get("lm_head.weight").to(out["tok_embed.weight"].dtype), out["tok_embed.weight"]):
+        embed = plan["tok_embed.weight"].hf[0]
+        if not torch.equal(files.get("lm_head.weight").to(files.file_dtype(embed)), files.get(embed)):
             raise TkError(f"{KEY}: config.json ties the head to the embedding (tie_word_embeddings) but the file's "
                           f"lm_head.weight differs from it; set tie_word_embeddings false in config.json or fix the file")
         left.remove("lm_head.weight")
     if left:
         raise TkError(f"{KEY}: {files.folder} holds {len(left)} tensors the {family.name} mapping does not know "
                       f"({', '.join(left[:3])}); tk would drop them, so it refuses")
-    return out
+    return plan
 
 
-def _read_row(files: Any, row: Row, name: str, shape: tuple[int, ...], dtype: torch.dtype | None) -> torch.Tensor:
+def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int, tied: bool,
+                 dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The tk state dict of a family checkpoint: each tk tensor ``own`` names (shapes checked),
+    read from ``files`` (:class:`~tk.core.exchange.hf.folder.WeightFiles`) one at a time and cast
+    to ``dtype`` (None keeps the file's).
+
+    Raises:
+        TkError: as :func:`plan_import`, or a tensor of another shape.
+    """
+    plan = plan_import(family, files, own, depth, tied)
+    return {name: read_tensor(files, row, name, tuple(own[name].shape), dtype) for name, row in plan.items()}
+
+
+def read_tensor(files: Any, row: Row, name: str, shape: tuple[int, ...], dtype: torch.dtype | None) -> torch.Tensor:
     """tk's tensor ``name`` of ``shape``: its parts read straight into their rows (a fused q/k/v or
     gate/up is never built twice), transposed through one buffer where the family stores (in, out)."""
     shapes = [files.shape(n) for n in row.hf]
