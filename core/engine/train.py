@@ -93,11 +93,10 @@ class Trainer:
 
         if t.grad_checkpointing:
             enable_grad_checkpointing(self.model)
-        if not hasattr(self.model, "tk_fill_weights"):  # else FSDP materialises it shard by shard
+        if not hasattr(self.model, "tk_fill_weights"):  # else FSDP materialises it, each process its shards
             self.model.to(self.device)
         self.task.teacher = prepare_teacher(self.task.build_teacher(), self.device)
-        self.ddp_model = wrap_model(self.model, t.strategy, self.device, self.world_size, t.precision,
-                                    t.fsdp_reshard)
+        self.ddp_model = wrap_model(self.model, t.strategy, self.device, self.world_size, t.precision, t.fsdp_reshard)
         self.train_model = torch.compile(self.ddp_model, mode=t.compile_mode) if t.compile else self.ddp_model
         self.ema = ModelEMA(self.model, t.ema_decay, t.ema_warmup_steps) if t.ema_decay is not None else None
         self.optimizer = build_optimizer(self.model, cfg.optim, groups=self.task.param_groups(self.model, cfg.optim))

@@ -73,18 +73,23 @@ def test_a_padded_batch_gives_each_row_what_it_gives_alone(folders, family):
     assert torch.equal(together[1], generate(model, b, cfg).tokens[0])
 
 
-def test_bf16_is_kept_and_agrees_with_transformers(tmp_path):
-    hf = save_tiny("qwen2", tmp_path / "bf16", dtype=torch.bfloat16)
+@pytest.mark.parametrize("family", ["qwen2", "llama3", "gemma2", "gpt2"])
+def test_bf16_is_kept_and_agrees_with_transformers(tmp_path, family):
+    save_tiny(family, tmp_path / "bf16", dtype=torch.bfloat16)
     model, _ = tk_model(tmp_path / "bf16", dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    # as users load it (a model cast in memory would also round its rotary frequencies to bf16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16).eval()
     tokens = torch.randint(0, 320, (8, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours, theirs = model(tokens).float(), hf.to(torch.bfloat16)(tokens).logits.float()
-    # measured 0.980 top-1 and KL 2.6e-4: the 99% is missed by 1 point, from the bf16 rounding
-    # order of RMSNorm (tk: weight applied in float32) and rotary (tk: float32, transformers: bf16)
+        ours, theirs = model(tokens).float(), hf(tokens).logits.float()
+    # measured: Llama/Qwen/Mistral/Gemma/Phi-3 bit-identical; Gemma 2 99.0% (its soft-capped scores in float32),
+    # GPT-2 99.6%
     kl = torch.nn.functional.kl_div(ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none")
-    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.97
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.99
     assert kl.sum(-1).mean() < 1e-3
+    if family in ("qwen2", "llama3"):
+        assert torch.equal(ours, theirs)
 
 
 def test_sharded_checkpoint_loads_the_same_tensors(tmp_path):
