@@ -7,6 +7,8 @@
 - ``token_store``: :class:`TokenStore`, a corpus's token file in ``$TK_CACHE/tokens``, built in
   chunks that a killed build continues, reused by later runs.
 - ``hub``: :func:`load_hub_dataset` (``datasets``, with one-line errors), :func:`iter_column`.
+- ``chat``: :class:`ChatTemplate` (a model's jinja chat template, rendered as transformers does),
+  :func:`encode_chat` (ids and the assistant-token mask), :func:`read_chat_template`.
 - ``metrics``: :class:`Perplexity`, :class:`ClassificationMetrics`, :class:`MultiLabelMetrics`;
   ``confusion``: :func:`save_confusion_png`.
 
@@ -28,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "load_hub_dataset": "hub", "iter_column": "hub",
     "Perplexity": "metrics", "ClassificationMetrics": "metrics", "MultiLabelMetrics": "metrics",
     "save_confusion_png": "confusion",
+    "ChatTemplate": "chat", "encode_chat": "chat", "read_chat_template": "chat",
 }
 
 __all__ = sorted(_EXPORTS)
