@@ -8,6 +8,8 @@ torchmetrics (https://lightning.ai/docs/torchmetrics).
 
 from __future__ import annotations
 
+import warnings
+
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
@@ -313,6 +315,13 @@ class MetricCollection:
         return results
 
     def write(self, out_dir: Path, ctx: EvalContext) -> None:
-        """Let every metric write its files (call on rank 0 only)."""
-        for metric in self.metrics.values():
-            metric.write(out_dir, ctx)
+        """Let every metric write its files into ``out_dir`` (created here; call on rank 0 only). A
+        metric that fails to write is a warning naming it; the others still write, and the
+        computed metrics are kept."""
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        for name, metric in self.metrics.items():
+            try:
+                metric.write(Path(out_dir), ctx)
+            except Exception as e:  # files are for people to read: a failing one must not cost the run
+                warnings.warn(f"metric {name!r} ({type(metric).__name__}) could not write its files into {out_dir}: "
+                              f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=1)

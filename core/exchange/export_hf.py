@@ -178,12 +178,20 @@ def lm_export(model: DecoderOnlyLM, cfg: TransformerConfig, source: dict | None 
 
 # -- the folder ------------------------------------------------------------------------
 def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
-    """``(config.json dict, state dict)`` for the run's model, by model kind.
+    """``(config.json dict, state dict)`` for the run's model, by model kind: the task's own
+    ``export_hf(model)`` hook where it defines one (a plugin's opt-in, e.g. a token-classification
+    head as ``BertForTokenClassification``), else a text classifier / masked LM (BERT) or a
+    decoder-only LM (its family), recognised by what the model is.
 
     Raises:
-        TkError: a model with no transformers counterpart.
+        TkError: a model with no transformers counterpart, in one line.
     """
-    if isinstance(getattr(model, "encoder", None), TextEncoder) and isinstance(getattr(model, "head", None), nn.Linear):
+    hook = getattr(task, "export_hf", None)
+    if callable(hook):
+        return hook(model)
+    classifier = all(hasattr(model, a) for a in ("pooling", "pooler", "drop"))  # the text_classification model
+    if (classifier and isinstance(getattr(model, "encoder", None), TextEncoder)
+            and isinstance(getattr(model, "head", None), nn.Linear)):
         return bert_export(model, getattr(task, "labels", None), bool(getattr(task, "multi_label", False)))
     if isinstance(getattr(model, "encoder", None), TextEncoder) and hasattr(getattr(model, "head", None), "decoder"):
         return bert_mlm_export(model)
@@ -192,8 +200,9 @@ def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
         source = json.loads(files.read_text(HF_SOURCE_CONFIG)) if files is not None and files.exists(HF_SOURCE_CONFIG) else None
         return lm_export(model, task.model_cfg, source)
     raise TkError(f"--format hf: task {task.name!r} has a {type(model).__name__}, which has no transformers "
-                  f"export (text classifiers and masked LMs -> BERT, language models -> GPT-2/Llama); use "
-                  f"--format safetensors")
+                  f"export (text classifiers and masked LMs -> BERT, language models -> their family); a plugin "
+                  f"opts in by defining Task.export_hf(model) -> (config.json dict, tensors) (docs/plugins.md); "
+                  f"use --format safetensors")
 
 
 def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:

@@ -371,3 +371,31 @@ def test_timm_pretrained_cfg_makes_timms_eval_transform_tks(img_size, crop_pct):
     pixels = torch.randint(0, 256, (300, 400, 3), generator=torch.Generator().manual_seed(img_size)).to(torch.uint8)
     image = Image.fromarray(pixels.numpy())
     torch.testing.assert_close(theirs(image), ours(image), atol=0, rtol=0)
+
+
+def test_hf_export_refuses_a_plugin_text_encoder_model_and_takes_its_hook():
+    """A tagger (core TextEncoder + a linear head, no classifier pooling) is refused in one line,
+    not an AttributeError; a task's export_hf hook is used as it is."""
+    import pytest
+    from torch import nn
+
+    from tk.core.errors import TkError
+    from tk.core.exchange.export_hf import hf_export
+    from tk.core.nn.config import TransformerConfig
+    from tk.core.nn.text_encoder import TextEncoder
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = TextEncoder(TransformerConfig(dim=16, depth=1, num_heads=2, pos_encoding="learned",
+                                                         max_len=8), 50)
+            self.head = nn.Linear(16, 3)
+
+    class Task:
+        name = "tagging"
+
+    with pytest.raises(TkError, match="task 'tagging' has a Tagger.*Task.export_hf"):
+        hf_export(Task(), Tagger())
+    Task.export_hf = lambda self, model: ({"model_type": "bert"}, {"w": model.head.weight})
+    config, state = hf_export(Task(), Tagger())
+    assert config == {"model_type": "bert"} and set(state) == {"w"}

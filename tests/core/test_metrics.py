@@ -150,3 +150,27 @@ def test_sync_two_gloo_processes_equals_single_process(tmp_path):
         for k, v in expected.items():
             assert values[k] == pytest.approx(v), k
         assert texts == in_order  # both processes hold every example's object, in dataset order
+
+
+def test_metrics_write_into_a_created_eval_folder_and_a_failing_one_is_named(tmp_path):
+    import warnings as _warnings
+
+    from tk.core.metrics import Mean, MetricCollection
+    from tk.core.step import EvalContext
+
+    class Table(Mean):
+        def write(self, out_dir, ctx):
+            (out_dir / "table.txt").write_text("ok")
+
+    class Broken(Mean):
+        def write(self, out_dir, ctx):
+            raise ValueError("no plot backend")
+
+    metrics = MetricCollection({"broken": Broken("b", "loss"), "table": Table("t", "loss")})
+    out = tmp_path / "run" / "eval"  # not there yet
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        metrics.write(out, EvalContext("val"))
+    assert (out / "table.txt").read_text() == "ok"
+    assert [str(w.message) for w in caught] == [
+        f"metric 'broken' (Broken) could not write its files into {out}: ValueError: no plot backend"]
