@@ -77,6 +77,7 @@ setup(
             "mlm = tk.plugins.mlm:MLMTask",
             "text_classification = tk.plugins.text_classification:TextClassificationTask",
             "translation = tk.plugins.translation:TranslationTask",
+            "sft = tk.plugins.sft:SFTTask",
         ],
         "tk.commands": [
             "generate = tk.plugins.language_model.cli:generate",

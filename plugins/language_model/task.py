@@ -38,7 +38,7 @@ from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, cut_pieces, encode_long, iter_column, load_hub_dataset
 from tk.core.text.long_text import adds_specials
 from tk.core.text.token_store import TokenStore
-from tk.plugins.language_model.hf_source import HFSource, generation_defaults, is_hf_source, resolve_dtype
+from tk.core.exchange.hf.source import HFSource, generation_defaults, is_hf_source, resolve_dtype
 from tk.plugins.language_model.corpus import corpus_files, iter_corpus, synthetic_text, take_chars
 from tk.plugins.language_model.data import (
     UNK,

@@ -323,7 +323,7 @@ def test_a_bare_model_checkpoint_and_a_torch_file_load_too(folders, tmp_path):
 def test_a_hub_id_resolves_through_the_hub_client(folders, monkeypatch, tmp_path):
     import huggingface_hub
 
-    from tk.plugins.language_model.hf_source import HFSource, is_hf_source
+    from tk.core.exchange.hf.source import HFSource, is_hf_source
 
     calls = []
 

@@ -1,6 +1,7 @@
-"""``model.pretrained_from`` = a Hugging Face decoder (a ``save_pretrained`` folder or a hub id):
-the shape from its ``config.json``, its tokenizer and generation settings, kept as task files so
-that resume, ``tk generate``, ``tk eval`` and ``tk export --format hf`` need the folder no more."""
+"""``model.pretrained_from`` = a Hugging Face decoder (a ``save_pretrained`` folder or a hub id), for
+any task whose model is the core ``DecoderOnlyLM`` (language_model, sft): the shape from its
+``config.json``, its tokenizer and generation settings, kept as task files so that resume,
+generation, ``tk eval`` and ``tk export --format hf`` need the folder no more."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from tk.core.artifacts import TaskFiles
-from tk.core.engine.inference import TRANSFORMER_SHAPE_KEYS, RECORD_FILE, adopt_shape
+from tk.core.exchange.pretrained import RECORD_FILE, TRANSFORMER_SHAPE_KEYS, adopt_shape
 from tk.core.errors import TkError
 from tk.core.exchange.hf.bert import is_hub_id, resolve_pretrained_dir
 from tk.core.exchange.hf.decoders import decoder_config, load_decoder, resolve_dtype
