@@ -29,6 +29,7 @@ from tk.core.engine.inference import (
     write_record,
 )
 from tk.core.errors import TkError
+from tk.core.exchange.hf.source import HFSource, generation_defaults, is_hf_source, resolve_dtype
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.generation.decoding import GenerationConfig
@@ -38,7 +39,6 @@ from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, cut_pieces, encode_long, iter_column, load_hub_dataset
 from tk.core.text.long_text import adds_specials
 from tk.core.text.token_store import TokenStore
-from tk.core.exchange.hf.source import HFSource, generation_defaults, is_hf_source, resolve_dtype
 from tk.plugins.language_model.corpus import corpus_files, iter_corpus, synthetic_text, take_chars
 from tk.plugins.language_model.data import (
     UNK,
@@ -59,10 +59,9 @@ from tk.plugins.language_model.data import (
 )
 from tk.plugins.language_model.metrics import LMMetrics
 from tk.plugins.language_model.model import ModelConfig, build_model
-from tk.plugins.language_model.samples import write_samples
+from tk.plugins.language_model.samples import SAMPLES_DIR, write_samples  # noqa: F401  (SAMPLES_DIR: kept importable here)
 from tk.plugins.language_model.stream import TextStream
 
-from tk.plugins.language_model.samples import SAMPLES_DIR  # noqa: E402,F401  (kept importable here)
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (a tokenizers JSON)
 TOKENS_FILE = "tokens.bin"  # task file: the whole corpus as one token array (uint16 / uint32)
 META_FILE = "tokens.json"  # task file: dtype, token and character counts of TOKENS_FILE
