@@ -1,6 +1,6 @@
 """A Hugging Face model folder as ``save_pretrained`` writes it: its ``config.json``, its weights
 (``model.safetensors``, or shards listed by ``model.safetensors.index.json``, or a torch
-``pytorch_model.bin``) read one tensor at a time from memory-mapped files, and the files a run
+``pytorch_model.bin``) read one tensor at a time with plain file reads, and the files a run
 keeps beside them (tokenizer, generation settings)."""
 
 from __future__ import annotations
