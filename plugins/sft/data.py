@@ -56,6 +56,8 @@ def check_data(d: DataConfig) -> list[str]:
         problems.append(f"data.val_fraction ({d.val_fraction}) must be in (0, 1)")
     if d.max_len < 2:
         problems.append(f"data.max_len ({d.max_len}) must be >= 2")
+    if d.chat_template and d.chat_template.endswith(".jinja") and not Path(d.chat_template).expanduser().is_file():
+        problems.append(f"data.chat_template: {d.chat_template} does not exist; give a .jinja file or the template text")
     if d.format not in FORMATS:
         problems.append(f"data.format ({d.format!r}) must be one of {', '.join(FORMATS)}")
     return problems
