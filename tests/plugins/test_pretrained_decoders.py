@@ -146,6 +146,7 @@ def _write_config(folder: Path, **changes) -> None:
     ({"model_type": "mamba"}, "model_type 'mamba' is not a decoder"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_type 'yarn'"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"hidden_size": None}, "lacks hidden_size"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),
 ])

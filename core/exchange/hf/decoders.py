@@ -44,8 +44,13 @@ def decoder_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     Raises:
         TkError: an unsupported ``model_type`` or option (all of them, in one line).
     """
-    fields = config_to_tk(family_of(config), config)
-    return fields, int(config["vocab_size"])
+    family = family_of(config)
+    need = ["vocab_size", *(k for k, _ in family.plain if k not in family.defaults)]
+    missing = [k for k in need if config.get(k) is None and k != "num_key_value_heads"]
+    if missing:
+        raise TkError(f"{KEY}: this {config['model_type']} config.json lacks {', '.join(missing)}; it is not a "
+                      f"complete transformers config (save it again with save_pretrained)")
+    return config_to_tk(family, config), int(config["vocab_size"])
 
 
 class _Aliased:
