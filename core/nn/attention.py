@@ -229,7 +229,8 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, Dh)
 
-    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None,
+                 positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Project to heads and apply rotary/cache: q (B, H, Tq, Dh), k/v (B, Hkv, Tk, Dh)."""
         if self.cross_attention:
             q = self._heads(self.q_proj(x), self.num_heads)
@@ -261,7 +262,7 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             if self.rotary is not None:
                 offset = 0 if cache is None else cache.length
-                q, k = self.rotary(q, offset), self.rotary(k, offset)
+                q, k = self.rotary(q, offset, positions), self.rotary(k, offset, positions)
         if cache is not None:
             k, v = cache.append(k, v)
         return q, k, v
@@ -276,6 +277,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` to itself (self-attention) or to ``context`` (cross-attention).
 
@@ -291,6 +293,8 @@ class MultiHeadAttention(nn.Module):
             cache: a :class:`KVCache` for incremental decoding: self-attention appends the new
                 keys/values; cross-attention (``static=True`` cache) computes them from
                 ``context`` on the first call and reuses them afterwards.
+            positions: (B, Tq) long, rotary positions of the queries/keys (packed documents
+                restart at 0); default: consecutive from the cache length.
 
         Returns:
             (B, Tq, D), or (out, weights (B, H, Tq, Tk)) when ``need_weights``.
@@ -303,7 +307,7 @@ class MultiHeadAttention(nn.Module):
             kind = "static=True" if self.cross_attention else "static=False"
             raise ValueError(f"this {'cross' if self.cross_attention else 'self'}-attention needs a KVCache({kind})")
         B, Tq, _ = x.shape
-        q, k, v = self._project(x, context, cache)
+        q, k, v = self._project(x, context, cache, positions)
         mask = merge_masks(attn_mask, key_padding_mask, tq=Tq, tk=k.shape[2])
         if self.window is not None and k.shape[2] > self.window:  # keys too far back (a shorter input needs none)
             far = sliding_window_mask(Tq, self.window, q.device, num_keys=k.shape[2])

@@ -120,6 +120,7 @@ class EncoderLayer(_Sublayers):
         key_padding_mask: Tensor | None = None,
         is_causal: bool | None = None,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """Args:
             x: (B, T, D).
@@ -127,6 +128,7 @@ class EncoderLayer(_Sublayers):
             key_padding_mask: (B, Tk) bool, True at padding (Tk includes cached keys).
             is_causal: causal self-attention; default False here, True for DecoderOnlyLayer.
             cache: self-attention ``KVCache`` for incremental decoding.
+            positions: (B, T) rotary positions (packed documents); default consecutive.
 
         Returns:
             (B, T, D).
@@ -135,7 +137,8 @@ class EncoderLayer(_Sublayers):
         x = self._residual(
             x,
             lambda h: self.self_attn(
-                h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=causal, cache=cache
+                h, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=causal, cache=cache,
+                positions=positions,
             ),
             self.norm1,
         )

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from tk.core.nn.blocks import DecoderOnlyLayer
 from tk.core.nn.config import TransformerConfig
+from tk.core.nn.packing import segment_attention_mask, segment_positions
 from tk.core.nn.pos_embed import TokenEmbedding, build_positions
 from tk.core.nn.stack import DecoderCache, TransformerStack
 
@@ -83,13 +84,23 @@ class DecoderOnlyLM(nn.Module):
                 nn.init.zeros_(m.weight[m.padding_idx])
 
     def _run(
-        self, tokens: Tensor, offset: int | None, key_padding_mask: Tensor | None, cache: DecoderCache | None
+        self, tokens: Tensor, offset: int | None, key_padding_mask: Tensor | None, cache: DecoderCache | None,
+        segments: Tensor | None = None,
     ) -> Tensor:
-        """``offset`` None: positions follow from the padding mask, or start at the cache length."""
+        """``offset`` None: positions follow from the padding mask, or start at the cache length;
+        ``segments``: packed documents (positions restart, a block-causal mask)."""
         x = self.tok_embed(tokens)  # (B, T, D)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
-        if self.pos is not None:
+        packed = {}
+        if segments is not None:
+            positions = segment_positions(segments)
+            packed = {"attn_mask": segment_attention_mask(segments, causal=True)}
+            if self.pos is None:  # rotary: each document rotated as it is alone (exact, not only relative)
+                packed["positions"] = positions
+            else:
+                x = self.pos(x, 0, positions)
+        elif self.pos is not None:
             positions = None
             if offset is None and key_padding_mask is not None:
                 # Absolute positions count real tokens only (as HF derives position_ids from the
@@ -98,12 +109,13 @@ class DecoderOnlyLM(nn.Module):
             start = (0 if cache is None else cache.length) if offset is None else offset
             x = self.pos(x, start, positions)
         x = self.embed_drop(x) if self.training else x
-        logits = self.lm_head(self.decoder(x, key_padding_mask=key_padding_mask, cache=cache))  # (B, T, V)
+        logits = self.lm_head(self.decoder(x, key_padding_mask=key_padding_mask, cache=cache, **packed))  # (B, T, V)
         if self.final_softcap is not None:  # Gemma 2: logits squashed into (-c, c)
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
 
-    def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None,
+                segments: Tensor | None = None) -> Tensor:
         """Args:
             tokens: (B, T) ids.
             key_padding_mask: (B, T) bool, True at padding. Not derived from ``pad_id``:
@@ -111,11 +123,15 @@ class DecoderOnlyLM(nn.Module):
                 fast ``is_causal`` kernels run); pass it for left padding. With a mask,
                 learned/sinusoidal positions count the unmasked tokens only, so a left-padded
                 row gives the same logits as the row alone.
+            segments: (B, T) long, packed documents: k at the tokens of a row's k-th document
+                (1-based), 0 at padding (:mod:`tk.core.nn.packing`). Each token attends to the
+                earlier tokens of its own document only and positions restart at each, so every
+                document gets the logits it gets alone.
 
         Returns:
             logits (B, T, V); position t sees tokens 0..t only.
         """
-        return self._run(tokens, None, key_padding_mask, None)
+        return self._run(tokens, None, key_padding_mask, None, segments)
 
     def init_cache(self, batch: int, max_len: int | None = None) -> DecoderCache:
         """An empty cache for ``batch`` rows; ``max_len`` positions are preallocated."""

@@ -1,7 +1,7 @@
-"""Sequence packing for encoders: several short sequences share one row, attention stays within
-each sequence (a block-diagonal mask), positions restart at every sequence, and pooling gives
-one vector per sequence, so a packed batch computes what the padded batch computes with fewer
-padded tokens.
+"""Sequence packing: several short sequences share one row, attention stays within each sequence
+(a block-diagonal mask for encoders, block-causal for decoders), positions restart at every
+sequence, and pooling gives one vector per sequence, so a packed batch computes what the padded
+batch computes with fewer padded tokens.
 
 A packed batch names each token's sequence in ``segments`` (R, L): 0 at padding, k for the
 k-th sequence of the row (1-based). Rotary positions need no restart: attention within a
@@ -65,10 +65,14 @@ def pack_sequences(seqs: Sequence[Sequence[int]], row_len: int, pad_id: int,
     return Packed(ids, kinds, segments)
 
 
-def segment_attention_mask(segments: Tensor) -> Tensor:
-    """(R, L, L) bool, True = masked: a token attends to the tokens of its own sequence; a padded
+def segment_attention_mask(segments: Tensor, causal: bool = False) -> Tensor:
+    """(R, L, L) bool, True = masked: a token attends to the tokens of its own sequence (``causal``:
+    to those at or before it, the block-causal "document" mask of packed decoder rows); a padded
     position attends to itself only (its output means nothing; a row of all-masked keys would be NaN)."""
     same = (segments.unsqueeze(2) == segments.unsqueeze(1)) & (segments != 0).unsqueeze(1)
+    if causal:
+        L = segments.shape[1]
+        same = same & torch.ones(L, L, dtype=torch.bool, device=segments.device).tril()
     eye = torch.eye(segments.shape[1], dtype=torch.bool, device=segments.device)
     return ~(same | eye)
 

@@ -132,20 +132,26 @@ class RotaryEmbedding(nn.Module):
                 self._cos, self._sin = emb.cos(), emb.sin()
         return self._cos, self._sin
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Rotate x by its positions.
 
         Args:
             x: (B, H, T, Dh) queries or keys.
             offset: position of x's first token.
+            positions: (B, T) long, each token's own position (packed rows: restarting at every
+                document, so each is rotated exactly as it is alone); overrides ``offset``.
 
         Returns:
             (B, H, T, Dh), same dtype as x (float32 tables; half-precision x is rotated in its
             own dtype with the tables rounded to it, as transformers does).
         """
         T = x.shape[-2]
-        cos, sin = self._tables(offset + T, x.device)
-        cos, sin = cos[offset : offset + T], sin[offset : offset + T]  # (T, Dh)
+        if positions is not None:
+            cos, sin = self._tables(int(positions.max()) + 1, x.device)
+            cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (B, 1, T, Dh)
+        else:
+            cos, sin = self._tables(offset + T, x.device)
+            cos, sin = cos[offset : offset + T], sin[offset : offset + T]  # (T, Dh)
         if x.dtype in (torch.bfloat16, torch.float16):  # in x's dtype, tables rounded to it (as transformers)
             cos, sin = cos.to(x.dtype), sin.to(x.dtype)
             return x * cos + _rotate_half(x) * sin

@@ -4,6 +4,7 @@ encoded examples: token ids with the targets the loss reads (-100 where nothing 
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ class DataConfig:
     format: Literal["auto", "prompt_completion", "alpaca", "messages", "sharegpt"] = "auto"  # how a row holds its conversation; auto: from its columns
     columns: dict[str, str] = field(default_factory=dict)  # renames {column in the file: the format's name}, e.g. {question: prompt, answer: completion}
     system_prompt: str | None = None  # a system message put first in every conversation that has none
-    max_len: int = 512  # tokens per example; longer ones are truncated (counted in train.log)
+    max_len: int = 512  # tokens per example (and per packed row); longer ones are truncated (counted in train.log)
+    packing: bool = False  # several examples per row of max_len tokens, each attending only to itself (block-causal mask, positions restarting): the same loss as alone, less padding
     mask: Literal["assistant", "last", "all"] = "assistant"  # the tokens learned: every assistant turn (end-of-turn included), the last one, or all
     chat_template: str | None = None  # a jinja chat template or a .jinja file; None = the model's own (tk's ChatML for a model without one)
     num_train: int = 2000  # synthetic: training examples
@@ -171,26 +173,71 @@ def make_example(ids: Sequence[int], mask: Sequence[int], max_len: int, counts: 
     return list(ids[:-1]), targets
 
 
-class ExampleDataset(Dataset):
-    """Encoded examples: (inputs, targets) pairs of token ids."""
+Example = tuple[list[int], list[int]]  # (inputs, targets)
 
-    def __init__(self, examples: list[tuple[list[int], list[int]]]) -> None:
+
+class ExampleDataset(Dataset):
+    """Encoded examples, (inputs, targets) pairs of token ids, or packed rows (lists of them)."""
+
+    def __init__(self, examples: list[Example] | list[list[Example]]) -> None:
         self.examples = examples
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+    def __getitem__(self, i: int) -> Example | list[Example]:
         return self.examples[i]
 
 
-def collate_examples(samples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+def pack_examples(examples: Sequence[Example], row_len: int) -> list[list[Example]]:
+    """Examples grouped into rows of at most ``row_len`` tokens by best-fit decreasing (each, longest
+    first, into the fullest row it still fits; TRL's and torchtune's strategy): few rows, little
+    padding, and the same rows on every call (resume packs exactly as the run did)."""
+    order = sorted(range(len(examples)), key=lambda i: (-len(examples[i][0]), i))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row), ascending
+    for i in order:
+        n = len(examples[i][0])
+        at = bisect.bisect_left(free, (n, -1))
+        if at < len(free):
+            room, r = free.pop(at)
+        else:
+            room, r = row_len, len(rows)
+            rows.append([])
+        rows[r].append(i)
+        if room - n > 0:
+            bisect.insort(free, (room - n, r))
+    return [[examples[i] for i in sorted(row)] for row in rows]
+
+
+def padding_share(lengths: Sequence[int], batch_size: int, seed: int = 0) -> float:
+    """The share of padding in right-padded batches of ``batch_size`` drawn in a shuffled order."""
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    padded = real = 0
+    for start in range(0, len(order), batch_size):
+        batch = [lengths[i] for i in order[start : start + batch_size]]
+        padded += max(batch) * len(batch)
+        real += sum(batch)
+    return 1.0 - real / padded if padded else 0.0
+
+
+def collate_examples(samples: list[Example] | list[list[Example]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded ``tokens`` (B, T) and ``targets`` (B, T) (-100 at padding): under causal
-    attention the padding after a row's tokens changes none of its logits."""
-    T = max(len(x) for x, _ in samples)
-    tokens = torch.full((len(samples), T), pad_id, dtype=torch.long)
-    targets = torch.full((len(samples), T), IGNORE, dtype=torch.long)
-    for i, (x, y) in enumerate(samples):
-        tokens[i, : len(x)] = torch.tensor(x)
-        targets[i, : len(y)] = torch.tensor(y)
-    return {"tokens": tokens, "targets": targets}
+    attention the padding after a row's tokens changes none of its logits. Packed rows (lists of
+    examples) also get ``segments`` (B, T): k at the row's k-th example, 0 at padding."""
+    packed = bool(samples) and isinstance(samples[0], list)
+    rows = samples if packed else [[s] for s in samples]
+    T = max(sum(len(x) for x, _ in row) for row in rows)
+    tokens = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    targets = torch.full((len(rows), T), IGNORE, dtype=torch.long)
+    segments = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, row in enumerate(rows):
+        start = 0
+        for k, (x, y) in enumerate(row, start=1):
+            tokens[i, start : start + len(x)] = torch.tensor(x)
+            targets[i, start : start + len(y)] = torch.tensor(y)
+            segments[i, start : start + len(x)] = k
+            start += len(x)
+    batch = {"tokens": tokens, "targets": targets}
+    return {**batch, "segments": segments} if packed else batch

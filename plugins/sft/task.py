@@ -40,6 +40,8 @@ from tk.plugins.sft.data import (
     check_data,
     collate_examples,
     make_example,
+    pack_examples,
+    padding_share,
     read_rows,
     renamed,
     synthetic_rows,
@@ -92,6 +94,7 @@ class SFTTask(Task):
         self.template: ChatTemplate | None = None
         self.meta: dict[str, Any] = {}
         self.splits: dict[str, list[tuple[list[int], list[int]]]] = {}
+        self.packed: dict[str, list[list[tuple[list[int], list[int]]]]] = {}
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -142,6 +145,7 @@ class SFTTask(Task):
             if not self.splits[split]:
                 raise TkError(f"data: the {split} split has no example with a token to learn ({counts.line(split)}); "
                               f"check data.mask, data.max_len and the chat template")
+        self._log_padding()
         if self.hf is not None or str((record or {}).get("task", "")).startswith("hf:"):
             self.gen_cfg = generation_defaults(self.files, self.gen_cfg, self.cfg.given)
         stops = [i for i in self.meta["eos_ids"] if i not in self.gen_cfg.stop_ids]
@@ -149,6 +153,22 @@ class SFTTask(Task):
                                            else self.meta["eos_ids"][0],
                                            eos_ids=(self.gen_cfg.eos_ids or []) + stops or None,
                                            pad_id=self.meta["pad_id"] if self.gen_cfg.pad_id is None else self.gen_cfg.pad_id)
+
+    def _log_padding(self) -> None:
+        """The share of padding the batches will hold, packed or padded, in train.log."""
+        train, size = self.splits["train"], self.cfg.train.batch_size
+        lengths = [len(x) for x, _ in train]
+        padded = padding_share(lengths, size, self.cfg.train.seed)
+        if not self.data.packing:
+            log.info("data: padded batches of %d examples are %.1f%% padding (one shuffled epoch; data.packing: true "
+                     "puts several examples in each row of data.max_len tokens)", size, 100 * padded)
+            return
+        self.packed = {split: pack_examples(examples, self.data.max_len) for split, examples in self.splits.items()}
+        rows = self.packed["train"]
+        packed = padding_share([sum(len(x) for x, _ in r) for r in rows], size, self.cfg.train.seed)
+        log.info("data: packing: %d train examples in %d rows of <= %d tokens (%.1f per row); batches of %d rows are "
+                 "%.1f%% padding (padded batches of %d examples would be %.1f%%)", len(train), len(rows),
+                 self.data.max_len, len(train) / len(rows), size, 100 * packed, size, 100 * padded)
 
     def _rows(self, split: str) -> list[list[dict[str, str]]]:
         """The conversations of a split."""
@@ -218,7 +238,8 @@ class SFTTask(Task):
 
     # -- data, model, loss ---------------------------------------------------------------
     def build_dataset(self, split: str) -> Dataset:
-        return ExampleDataset(self.splits["train" if split == "train" else "val"])
+        split = "train" if split == "train" else "val"
+        return ExampleDataset(self.packed[split] if self.data.packing else self.splits[split])
 
     def collate(self, samples: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         return collate_examples(samples, self.meta["pad_id"])
@@ -239,7 +260,7 @@ class SFTTask(Task):
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Cross-entropy summed over the target tokens; their count is what the engine divides by."""
-        logits = model(batch["tokens"])  # (B, T, V)
+        logits = model(batch["tokens"], segments=batch.get("segments"))  # (B, T, V); packed rows: block-causal
         loss, count = cross_entropy_sum(logits, batch["targets"], ignore_index=IGNORE)
         return StepOutput(loss=loss, num_items=count, outputs=(logits.detach(), batch["targets"]))
 

@@ -56,3 +56,33 @@ def test_a_packed_batch_gives_each_sequence_its_padded_states(pos):
             alone = enc(torch.tensor([seqs[n]]), torch.tensor([types[n]]))[0]
             torch.testing.assert_close(packed[r][p.segments[r] == k], alone, atol=1e-5, rtol=1e-5)
             n += 1
+
+
+# ----------------------------------------------------------------------------- packed decoder rows
+@pytest.mark.parametrize("options", [
+    {"pos_encoding": "rotary", "num_kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm"},
+    {"pos_encoding": "learned"},
+    {"pos_encoding": "rotary", "sliding_window": 4},
+])
+def test_a_packed_decoder_row_gives_each_document_its_logits_alone(options):
+    """Block-causal mask + positions restarting: no document sees another (TRL's packing under SDPA
+    lets them attend to each other), and learned/rotary positions are those of the document alone."""
+    from tk.core.nn.lm import DecoderOnlyLM
+
+    torch.manual_seed(0)
+    model = DecoderOnlyLM(TransformerConfig(dim=32, depth=2, num_heads=4, max_len=32, **options), 50).eval()
+    docs = [torch.randint(1, 50, (n,)) for n in (5, 9, 3)]
+    row = torch.cat([*docs, torch.zeros(4, dtype=torch.long)])[None]  # 17 tokens + 4 of padding
+    segments = torch.cat([torch.full((len(d),), k) for k, d in enumerate(docs, 1)] + [torch.zeros(4)]).long()[None]
+    with torch.no_grad():
+        packed = model(row, segments=segments)[0, :17]
+        alone = torch.cat([model(d[None])[0] for d in docs])
+        unmasked = model(row)[0, :17]
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+    assert (unmasked - alone).abs().max() > 1e-2  # without segments the documents do see each other
+
+
+def test_segment_attention_mask_causal_is_block_causal():
+    segments = torch.tensor([[1, 1, 2, 2, 0]])
+    allowed = ~segment_attention_mask(segments, causal=True)[0]
+    assert allowed.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]]

@@ -111,3 +111,40 @@ def test_a_run_from_a_hf_folder_with_its_chat_template_exports_back(tmp_path):
     tokens = torch.randint(0, 300, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-4)
+
+
+def test_a_packed_batch_has_the_loss_of_its_examples_alone(run):
+    """Packing (best-fit decreasing, block-causal mask, positions restarting) changes no example's
+    loss: the packed batch's summed loss and target count equal the sum over the examples alone."""
+    from tk.core.engine.inference import load_run
+    from tk.plugins.sft.data import collate_examples, pack_examples
+
+    task, model = load_run(run, "last", [])
+    examples = task.splits["val"][:24]
+    rows = pack_examples(examples, 64)
+    assert sorted(map(id, (e for r in rows for e in r))) == sorted(map(id, examples))  # each example once
+    assert all(sum(len(x) for x, _ in r) <= 64 for r in rows) and len(rows) < len(examples) / 2
+    with torch.no_grad():
+        packed = task.loss(model.eval(), collate_examples(rows, task.meta["pad_id"]))
+        alone = [task.loss(model, collate_examples([e], task.meta["pad_id"])) for e in examples]
+    assert int(packed.num_items) == sum(int(a.num_items) for a in alone)
+    torch.testing.assert_close(packed.loss, sum(a.loss for a in alone), rtol=1e-5, atol=1e-5)
+
+
+def test_a_packed_run_logs_its_padding_and_resumes_exactly(tmp_path):
+    small = ["data.num_train=300", "data.num_val=40", "data.packing=true", "data.max_len=96", "model.dim=32",
+             "model.depth=1", "train.batch_size=4", "train.eval_every=6", "train.progress=false"]
+
+    def losses(out):
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r["val/loss"] for r in rows if "val/loss" in r]
+
+    runner = CliRunner()
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    for out, steps, more in ((straight, 12, []), (halves, 6, []), (halves, 12, ["--resume"])):
+        result = runner.invoke(cli, ["run", "sft_synthetic", f"output_dir={out}", f"train.max_steps={steps}", *small,
+                                     *more], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    assert losses(halves)[-1] == pytest.approx(losses(straight)[-1], rel=1e-6)
+    log = (straight / "train.log").read_text()
+    assert "data: packing: 300 train examples in" in log and "padded batches of 4 examples would be" in log
