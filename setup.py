@@ -63,7 +63,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7.4", "pytest-xdist>=3.0", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",
-                 "onnxruntime>=1.18", "fsspec[http]"],  # tensorboard: the logger tests read its event files; onnx*: tk export; http: streamed shards from a local server
+                 "onnxruntime>=1.18", "fsspec[http]", "peft>=0.11"],  # tensorboard: the logger tests read its event files; onnx*: tk export; http: streamed shards from a local server; peft: tk's PEFT adapters load there
         "remote": ["fsspec[http]", "s3fs", "gcsfs"],  # data.streaming from https://, s3://, gs:// shards
         "tensorboard": ["tensorboard>=2.14"],  # train.loggers: [tensorboard]
         "wandb": ["wandb>=0.17"],  # train.loggers: [wandb]
@@ -80,6 +80,7 @@ setup(
             "sft = tk.plugins.sft:SFTTask",
         ],
         "tk.commands": [
+            "chat = tk.plugins.sft.cli:chat",
             "generate = tk.plugins.language_model.cli:generate",
             "translate = tk.plugins.translation.cli:translate",
         ],

@@ -8,7 +8,7 @@ checkpoints, logging, distribution).
 Every command builds a task in one order (``tk.core.training.assemble``):
 construct ``Task(cfg, run_dir)`` -> ``load_state_dict`` (resume, eval, predict, average)
 -> ``setup(resume=...)`` -> data -> ``build_model`` -> ``init_pretrained`` (fresh
-training runs only). See ``docs/plugins.md`` for which hook runs in which command.
+training runs only) -> LoRA (``lora_names``; ``init_adapters`` on fresh training runs). See ``docs/plugins.md`` for which hook runs in which command.
 """
 
 from __future__ import annotations
@@ -148,6 +148,16 @@ class Task:
         optimiser is built; resume, eval and predict load the run's own weights instead,
         so a pretrained file is not needed to evaluate a finished run.
         """
+
+    def lora_names(self, model: nn.Module) -> Mapping[str, tuple[str, int, int]]:
+        """Other names ``model.lora.targets`` may use for the model's Linear layers: those of the
+        model's source family (a Llama's ``q_proj``), each as (tk Linear, its first row, rows),
+        also inside a fused tk layer. Default: none."""
+        return {}
+
+    def init_adapters(self, model: nn.Module) -> None:
+        """Fill a fresh training run's LoRA adapters once ``apply_lora`` has added them (e.g. from a
+        PEFT adapter folder, ``model.adapter_from``). Default: as LoRA initialises them."""
 
     def param_groups(self, model: nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
         """The optimiser's parameter groups (default: core's decay / no-decay groups with

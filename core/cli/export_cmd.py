@@ -9,14 +9,14 @@ import click
 
 from tk.core.cli.group import debug_option
 
-FORMATS = ("hf", "timm", "safetensors", "torch-export", "onnx")  # == tk.core.engine.export_run.FORMATS (not imported: torch)
+FORMATS = ("hf", "peft", "timm", "safetensors", "torch-export", "onnx")  # == tk.core.engine.export_run.FORMATS (not imported: torch)
 
 
 @click.command("export")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("overrides", nargs=-1)
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
-              help="hf: a transformers folder; timm: weights timm.create_model loads; safetensors: the state "
+              help="hf: a transformers folder; peft: a LoRA run's adapters as a PEFT folder; timm: weights timm.create_model loads; safetensors: the state "
                    "dict + task files; torch-export: a .pt2 program; onnx: an ONNX graph.")
 @click.option("-o", "--output", default=None, type=click.Path(), help="The folder to write  [default: RUN_DIR/export/FORMAT].")
 @click.option("--checkpoint", default="best", show_default=True, help="best, last, or a checkpoint path.")

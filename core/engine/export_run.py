@@ -1,7 +1,8 @@
 """``tk export``: a finished run's model in another format, with a model card beside it.
 
 Formats: ``safetensors`` (the state dict + the task files), ``hf`` (a transformers folder,
-:mod:`tk.core.exchange.export_hf`), ``timm`` (:mod:`tk.core.exchange.export_timm`),
+:mod:`tk.core.exchange.export_hf`), ``peft`` (a LoRA run's adapters as PEFT's folder,
+:mod:`tk.core.exchange.hf.peft`), ``timm`` (:mod:`tk.core.exchange.export_timm`),
 ``torch-export`` (a ``.pt2`` program) and ``onnx`` (:mod:`tk.core.exchange.export_graph`).
 Everything is written into a temporary sibling folder first and renamed into place at the
 end, so a failed export leaves nothing behind (:mod:`tk.core.run.outputs`).
@@ -20,7 +21,8 @@ from tk.core.errors import TkError
 from tk.core.exchange.card import model_card
 from tk.core.exchange.export import export_safetensors, tk_metadata
 from tk.core.exchange.export_graph import example_inputs, export_onnx, export_program
-from tk.core.exchange.export_hf import HF_SOURCE_CONFIG, KEPT_FILES, hf_export, write_hf_folder
+from tk.core.exchange.export_hf import HF_SOURCE_CONFIG, KEPT_FILES, hf_export, peft_export, write_hf_folder
+from tk.core.exchange.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from tk.core.exchange.export_timm import timm_export, timm_hub_config, timm_load_code
 from tk.core.nn.lora import merge_lora
 from tk.core.run.loggers import read_records
@@ -28,7 +30,7 @@ from tk.core.run.outputs import OUTPUT_MARKER, check_output, write_output_folder
 
 __all__ = ["FORMATS", "export_run", "checkpoint_metrics"]
 
-FORMATS = ("hf", "timm", "safetensors", "torch-export", "onnx")
+FORMATS = ("hf", "peft", "timm", "safetensors", "torch-export", "onnx")
 
 
 def checkpoint_metrics(run_dir: Path, step: int | None) -> dict[str, float]:
@@ -68,6 +70,18 @@ def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
     return files, how
 
 
+def _peft(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
+          meta: dict[str, str]) -> tuple[list[str], str]:
+    config, tensors = peft_export(task, model)
+    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    export_safetensors(tensors, out / ADAPTER_WEIGHTS, metadata={"format": "pt", **meta})
+    how = ("```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n"
+           f"base = AutoModelForCausalLM.from_pretrained({config['base_model_name_or_path']!r})\n"
+           "model = PeftModel.from_pretrained(base, 'PATH')  # model.merge_and_unload() folds it in\n```\n"
+           f"or with tk: `model: {{pretrained_from: {config['base_model_name_or_path']}, adapter_from: PATH}}`")
+    return [ADAPTER_CONFIG, ADAPTER_WEIGHTS], how
+
+
 def _timm(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
           meta: dict[str, str]) -> tuple[list[str], str]:
     name, kwargs, state = timm_export(task, model)
@@ -104,7 +118,7 @@ def _onnx(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
 
 
 _WRITERS: dict[str, Callable[..., tuple[list[str], str]]] = {
-    "safetensors": _safetensors, "hf": _hf, "timm": _timm, "torch-export": _program, "onnx": _onnx}
+    "safetensors": _safetensors, "hf": _hf, "peft": _peft, "timm": _timm, "torch-export": _program, "onnx": _onnx}
 
 
 def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, checkpoint: str = "best",
@@ -136,8 +150,9 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
                        sources=reading, folder=True)
     task, model, source = load_run_source(run_dir, checkpoint, list(overrides), ema=ema)
     # portable weights: float32 on the CPU, LoRA adapters folded into their base weights, so
-    # every format holds the plain model (its library knows no adapters)
-    model = merge_lora(model.float().cpu().eval())
+    # every format holds the plain model (its library knows no adapters), except PEFT's: the adapters
+    model = model.float().cpu().eval()
+    model = model if fmt == "peft" else merge_lora(model)
 
     def fill(tmp: Path) -> None:
         meta = tk_metadata(task.name, source["step"], tk_export_format=fmt)

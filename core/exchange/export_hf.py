@@ -27,7 +27,10 @@ from torch import Tensor, nn
 
 from tk.core.errors import TkError
 from tk.core.exchange.export import export_safetensors, state_with_norm_biases
-from tk.core.exchange.hf.decoders import export_decoder
+from tk.core.exchange.hf.decoders import export_decoder, family_of
+from tk.core.exchange.hf.peft import export_adapter
+from tk.core.exchange.pretrained import RECORD_FILE
+from tk.core.nn.lora import has_lora
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 from tk.core.nn.transformer import DecoderOnlyLM
@@ -203,6 +206,28 @@ def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
                   f"export (text classifiers and masked LMs -> BERT, language models -> their family); a plugin "
                   f"opts in by defining Task.export_hf(model) -> (config.json dict, tensors) (docs/plugins.md); "
                   f"use --format safetensors")
+
+
+def peft_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
+    """``(adapter_config.json, tensors)`` of a LoRA run on a Hugging Face decoder, in PEFT's format
+    (:mod:`tk.core.exchange.hf.peft`), its base the run's ``model.pretrained_from``.
+
+    Raises:
+        TkError: a run without adapters or without a Hugging Face base model, in one line.
+    """
+    lora = getattr(task.model_cfg, "lora", None)
+    if lora is None or not has_lora(model):
+        raise TkError("--format peft: the run has no LoRA adapters (model.lora); export the whole model with "
+                      "--format hf")
+    names = task.lora_names(model)
+    if not names or not task.files.exists(HF_SOURCE_CONFIG):
+        raise TkError(f"--format peft: the run's model did not start from a Hugging Face decoder "
+                      f"(model.pretrained_from), so a PEFT adapter would have no base model; export --format hf "
+                      f"(merged) instead")
+    source = json.loads(task.files.read_text(HF_SOURCE_CONFIG))
+    record = json.loads(task.files.read_text(RECORD_FILE)) if task.files.exists(RECORD_FILE) else {}
+    base = record.get("from") or task.model_cfg.pretrained_from
+    return export_adapter(model, names, family_of(source), TransformerConfig.of(task.model_cfg), lora, base)
 
 
 def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:

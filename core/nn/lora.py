@@ -10,7 +10,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,23 +71,43 @@ class LoRALinear(nn.Linear):
         rank: r >= 1.
         alpha: scale numerator (the update is multiplied by alpha / rank).
         dropout: dropout probability on the adapter's input.
+        parts: ``[(first row, rows), ...]``: row ranges of a fused layer each adapted by an
+            A and B of their own (as PEFT adapts ``q_proj`` and ``v_proj``, which tk holds in
+            one ``qkv``), the other rows left as they are; None: one adapter for all rows.
     """
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
+                 parts: Sequence[tuple[int, int]] | None = None) -> None:
         nn.Module.__init__(self)  # not nn.Linear.__init__: it would allocate and re-initialise a weight
         if rank < 1:
             raise TkError(f"model.lora.rank ({rank}) must be >= 1")
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
         self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        # parts: row ranges of a fused layer adapted each on its own (PEFT's q_proj and v_proj
+        # inside tk's qkv), lora_A stacked (P * rank, in), lora_B (their rows, rank)
+        self.parts = [tuple(p) for p in parts] if parts is not None else None
+        rows = sum(n for _, n in self.parts) if self.parts is not None else self.out_features
+        a_rows = rank * (len(self.parts) if self.parts is not None else 1)
         # float32 adapters on a half-precision base (a bf16 model kept as it is): the small trained
         # part keeps full precision, as QLoRA/PEFT recipes do
         half = base.weight.dtype in (torch.bfloat16, torch.float16)
         factory = {"device": base.weight.device, "dtype": torch.float32 if half else base.weight.dtype}
-        self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, **factory))
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, **factory))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own init, as PEFT
+        self.lora_A = nn.Parameter(torch.empty(a_rows, self.in_features, **factory))
+        self.lora_B = nn.Parameter(torch.zeros(rows, rank, **factory))
+        for a in self.lora_A.split(rank):  # each part's A as nn.Linear initialises its own (PEFT's init)
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def part_slices(self) -> list[tuple[slice, slice, slice]]:
+        """Per part: its rows of the output, of ``lora_A`` and of ``lora_B``."""
+        if self.parts is None:
+            return [(slice(0, self.out_features), slice(0, self.rank), slice(0, self.out_features))]
+        out, b = [], 0
+        for p, (start, n) in enumerate(self.parts):
+            out.append((slice(start, start + n), slice(p * self.rank, (p + 1) * self.rank), slice(b, b + n)))
+            b += n
+        return out
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., in) -> (..., out)."""
@@ -96,13 +116,21 @@ class LoRALinear(nn.Linear):
         a, b = self.lora_A, self.lora_B
         if a.dtype != x.dtype:  # float32 adapters beside a half-precision base
             a, b = a.to(x.dtype), b.to(x.dtype)
-        update = F.linear(F.linear(self.lora_dropout(x), a) * self.scale, b)
-        return F.linear(x, self.weight, self.bias).add_(update)
+        z = F.linear(self.lora_dropout(x), a) * self.scale  # (..., P * rank)
+        out = F.linear(x, self.weight, self.bias)
+        if self.parts is None:
+            return out.add_(F.linear(z, b))
+        for rows, a_rows, b_rows in self.part_slices():
+            out[..., rows] += F.linear(z[..., a_rows], b[b_rows])
+        return out
 
     @torch.no_grad()
     def delta_weight(self) -> Tensor:
-        """``B @ A * scale`` (out, in), computed in float32, in the weight's dtype."""
-        return ((self.lora_B.float() @ self.lora_A.float()) * self.scale).to(self.weight.dtype)
+        """``B @ A * scale`` (out, in) (per part, in its rows), computed in float32, in the weight's dtype."""
+        delta = torch.zeros(self.out_features, self.in_features, dtype=torch.float32, device=self.lora_A.device)
+        for rows, a_rows, b_rows in self.part_slices():
+            delta[rows] = self.lora_B[b_rows].float() @ self.lora_A[a_rows].float()
+        return (delta * self.scale).to(self.weight.dtype)
 
     @torch.no_grad()
     def merge(self) -> nn.Linear:
@@ -118,7 +146,8 @@ class LoRALinear(nn.Linear):
         return plain.train(self.training)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}"
+        parts = f", parts={self.parts}" if self.parts is not None else ""
+        return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}{parts}"
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -152,7 +181,8 @@ def has_lora(model: nn.Module) -> bool:
 
 # -- the API ---------------------------------------------------------------------------
 def apply_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-               targets: Iterable[str] = ("attention",), trainable: Iterable[str] = DEFAULT_TRAINABLE) -> list[str]:
+               targets: Iterable[str] = ("attention",), trainable: Iterable[str] = DEFAULT_TRAINABLE,
+               names: Mapping[str, tuple[str, int, int]] | None = None) -> list[str]:
     """Replace the ``nn.Linear`` layers named by ``targets`` with :class:`LoRALinear` and
     freeze every other parameter except the adapters and those named by ``trainable``.
 
@@ -161,11 +191,18 @@ def apply_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: fl
     ``targets`` may use the shorthands of :data:`TARGET_ALIASES` ("attention", "mlp").
     A ``trainable`` pattern matches a module name (all its parameters) or a parameter name.
 
+    A target may also name a layer as the model's source family names it (``names``, e.g. a
+    Llama's ``q_proj``, matched as PEFT matches ``target_modules``: the whole name, a ``.``-suffix
+    of it, or a pattern): each such layer gets an adapter of its own, also where tk fuses it
+    with others (``q_proj`` and ``v_proj`` inside ``qkv``: two parts, k's rows left alone).
+
     Args:
         model: the model, modified in place.
         rank, alpha, dropout: see :class:`LoRALinear`.
         targets: patterns of the Linear layers to adapt.
         trainable: patterns of what else keeps training (default: classification heads).
+        names: foreign layer name -> (tk Linear, its first row, rows) (see
+            :func:`tk.core.exchange.hf.peft.linear_names`).
 
     Returns:
         The names of the adapted layers.
@@ -183,25 +220,36 @@ def apply_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: fl
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
         raise TkError(f"model.lora: {type(model).__name__} has no nn.Linear layer to adapt; remove model.lora")
-    names = {n for name, _ in model.named_parameters(remove_duplicate=False) for n in _names_within(name)}
-    unmatched = [p for p in trainable if p not in DEFAULT_TRAINABLE and not _matches_any(names, p)]
+    within = {n for name, _ in model.named_parameters(remove_duplicate=False) for n in _names_within(name)}
+    unmatched = [p for p in trainable if p not in DEFAULT_TRAINABLE and not _matches_any(within, p)]
     if unmatched:  # a typo would silently freeze what the user meant to train (e.g. a fresh head)
-        tops = sorted({n.split(".")[0] for n in names})
+        tops = sorted({n.split(".")[0] for n in within})
         raise TkError(f"model.lora.trainable {unmatched} match no module or parameter of {type(model).__name__}; "
                       f"its top-level modules are {', '.join(tops[:8])}")
     patterns = _expand(targets)
-    chosen = [name for name in linears if _matches(name, patterns)]
+    chosen: dict[str, list[tuple[int, int]] | None] = {name: None for name in linears if _matches(name, patterns)}
+    for foreign, (name, start, rows) in (names or {}).items():
+        if name not in chosen or chosen[name] is not None:
+            if any(foreign == t or foreign.endswith("." + t) or fnmatchcase(foreign, t) for t in targets):
+                chosen[name] = sorted({*(chosen.get(name) or []), (start, rows)})
+    chosen = {name: chosen[name] for name in linears if name in chosen}  # the model's order
     if not chosen:
         shown = ", ".join(linears[:6]) + (f", ... ({len(linears)} in all)" if len(linears) > 6 else "")
+        also = ""
+        if names:
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+            also = f", or as its source family names them: {', '.join(leaves)}"
         raise TkError(f"model.lora.targets {targets} (patterns {patterns}) match no nn.Linear layer of "
-                      f"{type(model).__name__}; its Linear layers are named e.g. {shown}")
+                      f"{type(model).__name__}; its Linear layers are named e.g. {shown}{also}")
     model.requires_grad_(False)
-    for name in chosen:
-        _set_module(model, name, LoRALinear(model.get_submodule(name), rank, alpha, dropout))
+    for name, parts in chosen.items():
+        base = model.get_submodule(name)
+        whole = parts is None or parts == [(0, base.out_features)]
+        _set_module(model, name, LoRALinear(base, rank, alpha, dropout, None if whole else parts))
     for name, p in model.named_parameters(remove_duplicate=False):
         if name.endswith((".lora_A", ".lora_B")) or any(_matches(n, trainable) for n in _names_within(name)):
             p.requires_grad_(True)
-    return chosen
+    return list(chosen)
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

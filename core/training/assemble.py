@@ -10,7 +10,10 @@ data and model are built.
     6. load pretrained weights                  task.init_pretrained(model) (a fresh training run only)
     7. add LoRA adapters, freeze the rest       apply_lora(model, ...)      (when the model: section has
                                                                              a lora: mapping; every mode, so a
-                                                                             saved LoRA run's weights fit)
+                                                                             saved LoRA run's weights fit;
+                                                                             task.lora_names(model): targets
+                                                                             by the source family's names)
+    8. fill the adapters                        task.init_adapters(model)   (a fresh training run only)
 
 With several processes, steps 3-4 run on rank 0 first (downloads, tokenizer training,
 task files), then on the other ranks, which find what rank 0 wrote.
@@ -80,8 +83,10 @@ def assemble(cfg: RunConfig, task_cls: type[Task], run_dir: str | Path | None, m
         task.init_pretrained(model)
     lora = getattr(cfg.sections.get("model"), "lora", None)
     if lora is not None:
-        adapted = apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.trainable)
+        adapted = apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.trainable,
+                             names=task.lora_names(model))
         if mode == "train":  # in train.log: what trains and what is frozen
+            task.init_adapters(model)
             log.info(lora_report(model, adapted, lora.rank))
     return AssembledRun(task, model, data)
 

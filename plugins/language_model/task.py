@@ -29,7 +29,7 @@ from tk.core.engine.inference import (
     write_record,
 )
 from tk.core.errors import TkError
-from tk.core.exchange.hf.source import HFSource, generation_defaults, is_hf_source, resolve_dtype
+from tk.core.exchange.hf.source import HFSource, generation_defaults, hf_lora_names, is_hf_source, resolve_dtype
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.generation.decoding import GenerationConfig
@@ -310,6 +310,9 @@ class LanguageModelTask(Task):
     def example_inputs(self, model: nn.Module) -> dict[str, Any]:
         """``tk export``: two random token sequences of 8 ids."""
         return {"tokens": torch.randint(0, self.vocab_size, (2, 8))}
+
+    def lora_names(self, model: nn.Module) -> dict[str, tuple[str, int, int]]:  # a HF source's own layer names
+        return hf_lora_names(self.files, model, self.model_cfg)
 
     def init_pretrained(self, model: nn.Module) -> None:
         """``model.pretrained_from``: every weight of the source run's model (continued training)."""

@@ -210,6 +210,23 @@ def pack_examples(examples: Sequence[Example], row_len: int) -> list[list[Exampl
     return [[examples[i] for i in sorted(row)] for row in rows]
 
 
+def pack_splits(splits: Mapping[str, list[Example]], row_len: int | None, batch_size: int, seed: int
+                ) -> tuple[dict[str, list[list[Example]]], str]:
+    """Every split packed into rows of ``row_len`` tokens (None: not packed), and a line saying how
+    much of the training batches is padding, packed and padded."""
+    train = splits["train"]
+    padded = padding_share([len(x) for x, _ in train], batch_size, seed)
+    if row_len is None:
+        return {}, (f"padded batches of {batch_size} examples are {100 * padded:.1f}% padding (one shuffled epoch; "
+                    f"data.packing: true puts several examples in each row of data.max_len tokens)")
+    packed = {split: pack_examples(examples, row_len) for split, examples in splits.items()}
+    rows = packed["train"]
+    share = padding_share([sum(len(x) for x, _ in r) for r in rows], batch_size, seed)
+    return packed, (f"packing: {len(train)} train examples in {len(rows)} rows of <= {row_len} tokens "
+                    f"({len(train) / len(rows):.1f} per row); batches of {batch_size} rows are {100 * share:.1f}% "
+                    f"padding (padded batches of {batch_size} examples would be {100 * padded:.1f}%)")
+
+
 def padding_share(lengths: Sequence[int], batch_size: int, seed: int = 0) -> float:
     """The share of padding in right-padded batches of ``batch_size`` drawn in a shuffled order."""
     order = list(range(len(lengths)))

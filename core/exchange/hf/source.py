@@ -18,12 +18,17 @@ from tk.core.artifacts import TaskFiles
 from tk.core.exchange.pretrained import RECORD_FILE, TRANSFORMER_SHAPE_KEYS, adopt_shape
 from tk.core.errors import TkError
 from tk.core.exchange.hf.bert import is_hub_id, resolve_pretrained_dir
-from tk.core.exchange.hf.decoders import decoder_config, load_decoder, resolve_dtype
+from tk.core.exchange.hf.decoders import decoder_config, family_of, load_decoder, resolve_dtype
 from tk.core.exchange.hf.folder import TOKENIZER_FILES, WeightFiles, is_hf_folder, read_config, read_json
+from tk.core.exchange.hf.peft import adapter_lora, linear_names, load_adapter, read_adapter
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.generation import GenerationConfig
+from tk.core.nn.lm import DecoderOnlyLM
+from tk.core.nn.lora import LoRAConfig
 from tk.core.text import TextTokenizer
 
 HF_CONFIG_FILE = "hf_config.json"  # task file: the source's config.json (what export writes back)
+ADAPTER_FILE = "peft_adapter_config.json"  # task file: the adapter_config.json of model.adapter_from
 log = logging.getLogger(__name__)
 
 
@@ -81,6 +86,12 @@ class HFSource:
                           f"(config.json max_position_embeddings / n_positions); lower data.block_size")
         return cfg
 
+    def family_names(self, model_cfg: Any) -> dict[str, tuple[str, int, int]]:
+        """The family's Linear names of the model ``model_cfg`` describes (built on the meta device)."""
+        cfg = TransformerConfig.of(model_cfg)
+        with torch.device("meta"):
+            return linear_names(family_of(self.config), DecoderOnlyLM(cfg, self.vocab_size), cfg)
+
     def keep_files(self, files: TaskFiles, adopted: dict[str, Any]) -> None:
         """The tokenizer and generation files, the config and the record, as task files."""
         if files.dir is None:
@@ -128,10 +139,57 @@ def generation_defaults(files: TaskFiles, cfg: GenerationConfig, given: Any) -> 
     return dataclasses.replace(cfg, **out)
 
 
+# -- LoRA by the family's names, PEFT adapters in -----------------------------------------
+def hf_lora_names(files: TaskFiles, model: torch.nn.Module, model_cfg: Any) -> dict[str, tuple[str, int, int]]:
+    """The source family's Linear names of a run from a Hugging Face decoder (``{}`` for another run)."""
+    config = read_hf_json(files, HF_CONFIG_FILE)
+    if not config or not isinstance(model, DecoderOnlyLM):
+        return {}
+    return linear_names(family_of(config), model, TransformerConfig.of(model_cfg))
+
+
+def adapter_section(files: TaskFiles, spec: str, model_cfg: Any, vocab_size: int) -> LoRAConfig:
+    """The ``model.lora`` of a run starting from the PEFT adapter ``spec`` (its config kept as a
+    task file, so that resume, eval and export need the folder no more).
+
+    Raises:
+        TkError: an unreadable adapter or one tk cannot express (:func:`read_adapter`).
+    """
+    if files.dir is not None and files.exists(ADAPTER_FILE):
+        config = json.loads(files.read_text(ADAPTER_FILE))
+    else:
+        config = read_adapter(spec)
+        if files.dir is not None:
+            files.write_text(ADAPTER_FILE, json.dumps(config, indent=1))
+    cfg = TransformerConfig.of(model_cfg)
+    family = family_of(read_hf_json(files, HF_CONFIG_FILE))
+    with torch.device("meta"):
+        names = linear_names(family, DecoderOnlyLM(cfg, vocab_size), cfg)
+    return adapter_lora(config, names, family, cfg)
+
+
+def init_adapter(files: TaskFiles, model: torch.nn.Module, model_cfg: Any, spec: str) -> None:
+    """Copy the PEFT adapter ``spec`` into the LoRA layers of a fresh run's ``model``.
+
+    Raises:
+        TkError: tensors of another shape, missing or left over (another model's adapter).
+    """
+    config = json.loads(files.read_text(ADAPTER_FILE)) if files.exists(ADAPTER_FILE) else read_adapter(spec)
+    base = config.get("base_model_name_or_path")
+    source = json.loads(files.read_text(RECORD_FILE)).get("from") if files.exists(RECORD_FILE) else None
+    hf = read_hf_json(files, HF_CONFIG_FILE)
+    n = load_adapter(model, hf_lora_names(files, model, model_cfg), family_of(hf), TransformerConfig.of(model_cfg),
+                     spec, base)
+    log.info("model.adapter_from: %s (%d tensors, r=%s, lora_alpha=%s) loaded into the LoRA layers%s", spec, n,
+             config.get("r"), config.get("lora_alpha"),
+             "" if base in (None, source) or Path(str(base)).name == Path(str(source)).name
+             else f"; it names base model {base!r} and this run starts from {source!r}: its shapes fit")
+
+
 def read_hf_json(files: TaskFiles, name: str) -> dict[str, Any]:
     """A kept HF file (``{}`` where the source had none)."""
     return json.loads(files.read_text(name)) if files.dir is not None and files.exists(name) else {}
 
 
-__all__ = ["HFSource", "HF_CONFIG_FILE", "generation_defaults", "is_hf_source", "read_hf_json", "read_json",
-           "resolve_dtype"]
+__all__ = ["HFSource", "HF_CONFIG_FILE", "ADAPTER_FILE", "generation_defaults", "is_hf_source", "read_hf_json",
+           "read_json", "resolve_dtype", "hf_lora_names", "adapter_section", "init_adapter"]
