@@ -179,3 +179,23 @@ def test_sft_exports_a_peft_adapter_and_starts_from_one(folders, tmp_path):
         result = runner.invoke(cli, ["run", *common, "train.max_steps=1", f"output_dir={tmp_path / 'bad'}", *more])
         assert result.exit_code == 2 and says in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+
+
+def test_the_alpaca_lora_recipe_runs_on_a_stand_in_and_shares_its_adapter(folders, tmp_path):
+    """recipes/sft_smollm2_alpaca_lora.yaml on a tiny random Llama folder and an Alpaca-format file."""
+    _, folder = folders["llama3"]
+    rows = [{"instruction": f"Count to {i}.", "input": "" if i % 2 else "quickly", "output": "the quick brown fox"}
+            for i in range(30)]
+    (tmp_path / "alpaca.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(cli, [
+        "run", "sft_smollm2_alpaca_lora", f"model.pretrained_from={folder}", "data.source=files",
+        f"data.train_file={tmp_path / 'alpaca.jsonl'}", "data.val_fraction=0.1", "data.max_len=64",
+        "train.max_steps=2", "train.eval_every=2", "train.batch_size=4", "train.progress=false",
+        f"output_dir={tmp_path / 'run'}"])
+    assert result.exit_code == 0, result.output
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "data: packing: 27 train examples" in log and "rank-16 adapters on 8 Linear layers" in log
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "run"), "--format", "peft", "-o", str(tmp_path / "ad")])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
