@@ -29,6 +29,7 @@ CASES = {
     "baby_gpt": ["--quick"],
     "vit_cifar_timm": ["--quick"],
     "pretrained_lm": ["--quick"],
+    "sft": ["--quick"],
 }
 
 
@@ -67,6 +68,10 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
         assert result["updates"] == 8 and 0.0 <= result["top1"] <= 1.0
     if name == "pretrained_lm":  # tk and transformers: the same first loss and the same generated tokens
         assert result["same_tokens"] is True and result["first_loss_diff"] < 1e-5
+    if name == "sft":  # tk, transformers + peft (and TRL): the same logits and first loss; packing without cross-talk
+        assert result["same_first_loss"] is True and result["logits_diff"] < 1e-4
+        assert result["packed_loss_diff"] < 1e-5 and result["packed_padding_share"] < result["padded_padding_share"]
+        assert {"tk_padded", "tk_packed", "peft_padded"} <= set(result["peak_mb"])
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True

@@ -111,8 +111,10 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding head_dim ({head_dim}) must be even")
         self.head_dim, self.base, self.scaling = head_dim, base, dict(scaling) if scaling else None
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, base, self.scaling), persistent=False)
-        self.register_buffer("_cos", torch.empty(0, head_dim), persistent=False)
-        self.register_buffer("_sin", torch.empty(0, head_dim), persistent=False)
+        # the cos/sin tables are a cache, not buffers: they grow with the longest input a process has
+        # seen, and DDP's per-step buffer broadcast of tables of different lengths breaks its collective
+        self._cos = torch.empty(0, head_dim, device=self.inv_freq.device)
+        self._sin = torch.empty(0, head_dim, device=self.inv_freq.device)
 
     def reset_buffers(self, device: torch.device | str = "cpu") -> None:
         """Compute the frequencies again on ``device`` (a model built on the meta device)."""
