@@ -32,11 +32,16 @@ INPUT_ERRORS = (TkError, OSError, ValueError)
 _OVERRIDE_RE = re.compile(r"^([A-Za-z_]\w*)(?:\.[A-Za-z_]\w*)+=")
 
 
-def read_inputs(args: Iterable[str], stdin: TextIO | None = None, input_file: TextIO | None = None) -> Iterator[str]:
-    """The inputs in order: the arguments, where ``-`` stands for the lines of ``stdin``,
-    then the lines of ``input_file``. One input per line; blank lines are skipped.
+def read_inputs(args: Iterable[str], stdin: TextIO | None = None, input_file: TextIO | None = None) -> Iterator[Any]:
+    """The inputs in order: the arguments, where ``-`` stands for the lines of ``stdin`` and a
+    ``.jsonl`` file for its rows (one JSON value per line: a dict for a task that takes rows,
+    such as sft's prompt/completion or messages rows), then the lines of ``input_file``. One
+    input per line; blank lines are skipped.
 
     Lines are read lazily, so predictions stream while a pipe is still being written.
+
+    Raises:
+        TkError: a ``.jsonl`` argument that is not a file, or a line of it that is not JSON.
     """
     def lines(stream: TextIO) -> Iterator[str]:  # UTF-8, or one error naming the line
         for _, line in stream_lines(stream):
@@ -48,10 +53,27 @@ def read_inputs(args: Iterable[str], stdin: TextIO | None = None, input_file: Te
             if stdin is None:
                 raise TkError("input '-' reads standard input, but none is available")
             yield from lines(stdin)
+        elif arg.endswith(".jsonl"):
+            yield from _jsonl_rows(arg)
         else:
             yield arg
     if input_file is not None:
         yield from lines(input_file)
+
+
+def _jsonl_rows(path: str) -> Iterator[Any]:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise TkError(f"{path}: no such file; a .jsonl input is read as one input per line (a JSON value each)")
+    with file.open("rb") as f:
+        for n, line in stream_lines(f, path):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TkError(f"{path} line {n}: not JSON ({e.msg}, column {e.colno}); give one JSON value per "
+                              f"line") from None
 
 
 def run_sections(run_dir: str | Path) -> list[str]:
@@ -83,21 +105,29 @@ def split_overrides(args: Sequence[str], sections: Iterable[str]) -> tuple[list[
     return overrides, inputs
 
 
-def _one_line(message: str, item: str) -> str:
-    message = " ".join(str(message).split())
-    return message if item in message else f"{item}: {message}"
+def _label(item: Any) -> str:
+    """An input as error messages name it: itself, or a row (a .jsonl line) as its JSON text, cut."""
+    if isinstance(item, str):
+        return item
+    text = json.dumps(item, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _record(item: str, pred: Any) -> dict[str, Any]:
+def _one_line(message: str, item: Any) -> str:
+    message, label = " ".join(str(message).split()), _label(item)
+    return message if label in message else f"{label}: {message}"
+
+
+def _record(item: Any, pred: Any) -> dict[str, Any]:
     if not isinstance(pred, dict):
-        raise TkError(f"Task.predict must return one dict per input, got {type(pred).__name__} for {item!r}")
+        raise TkError(f"Task.predict must return one dict per input, got {type(pred).__name__} for {_label(item)!r}")
     rest = {k: v for k, v in pred.items() if k != "input"}
     if "error" in rest:
         rest["error"] = _one_line(rest["error"], item)
     return {"input": item, **rest}
 
 
-def _predict_batch(task: Any, model: nn.Module, batch: list[str], autocast) -> list[dict[str, Any]]:
+def _predict_batch(task: Any, model: nn.Module, batch: list[Any], autocast) -> list[dict[str, Any]]:
     try:
         with torch.no_grad(), autocast():
             preds = task.predict(model, batch)
@@ -112,14 +142,14 @@ def _predict_batch(task: Any, model: nn.Module, batch: list[str], autocast) -> l
     return [_record(item, pred) for item, pred in zip(batch, preds)]
 
 
-def predict_batches(task: Any, model: nn.Module, inputs: Iterable[str], batch_size: int = 32,
+def predict_batches(task: Any, model: nn.Module, inputs: Iterable[Any], batch_size: int = 32,
                     autocast=contextlib.nullcontext) -> Iterator[dict[str, Any]]:
     """Records for ``inputs``, computed ``batch_size`` at a time and yielded as each batch ends.
 
     Args:
         task: the run's task (its ``predict(model, inputs)`` gives one dict per input).
         model: the model, in eval mode, on its device.
-        inputs: raw inputs (paths, sentences); may be a lazy iterator.
+        inputs: raw inputs (paths, sentences, rows of a .jsonl file); may be a lazy iterator.
         batch_size: inputs per ``Task.predict`` call.
         autocast: a context-manager factory for the forward pass (the run's precision).
 
@@ -165,8 +195,9 @@ def format_record(record: dict[str, Any], fmt: str = "json") -> str:
     if fmt == "json":
         return json.dumps(record, default=_jsonable)
     fields = {k: v for k, v in record.items() if k != "input"}
+    head = record["input"] if isinstance(record["input"], str) else json.dumps(record["input"], default=_jsonable)
     if "error" in fields:
-        return f"{record['input']}: error: {fields['error']}"
+        return f"{head}: error: {fields['error']}"
     if len(fields) == 1:
-        return f"{record['input']}: {_text_value(next(iter(fields.values())))}"
-    return f"{record['input']}: " + "  ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
+        return f"{head}: {_text_value(next(iter(fields.values())))}"
+    return f"{head}: " + "  ".join(f"{k}={_text_value(v)}" for k, v in fields.items())

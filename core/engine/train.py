@@ -233,7 +233,7 @@ class Trainer:
         """
         ctx = EvalContext(split, self.step, kind, self.counts.evaluations, prefix or "")
         out_dir = self.run_dir / "eval" if self.run_dir is not None else None
-        with preserved_rng(), gathered(self.model):  # fsdp: the full weights, for any method of the model
+        with preserved_rng(), gathered(self.model), self.log.messages():  # fsdp: full weights; task messages: train.log
             loader = self.val_loader if split == "val" else \
                 split_loader(self.task, split, self.tcfg, False, self.rank, self.world_size, self.device)
             return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision, ctx,

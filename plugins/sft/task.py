@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -17,16 +17,19 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tk.core.distributed import get_world_size
+from tk.core.distributed import get_world_size, is_main_process
 from tk.core.engine.inference import read_record
 from tk.core.errors import TkError
-from tk.core.exchange.hf.source import HFSource, generation_defaults, is_hf_source, resolve_dtype
+from tk.core.exchange.hf.peft import read_adapter
+from tk.core.exchange.hf.source import (HFSource, adapter_section, generation_defaults, hf_lora_names, init_adapter,
+                                        is_hf_source, resolve_dtype)
 from tk.core.exchange.pretrained import TRANSFORMER_SHAPE_KEYS
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.config import TransformerConfig
 from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.nn.lm import DecoderOnlyLM
+from tk.core.nn.lora import apply_lora
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, load_hub_dataset
@@ -39,19 +42,21 @@ from tk.plugins.sft.data import (
     ExampleDataset,
     check_data,
     collate_examples,
+    detect_format,
     make_example,
-    pack_examples,
-    padding_share,
+    pack_splits,
     read_rows,
     renamed,
     synthetic_rows,
     to_messages,
 )
 from tk.plugins.sft.metrics import SFTMetrics
+from tk.plugins.sft.stream import ReplyStream
 
 log = logging.getLogger(__name__)
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # a new model's specials: pad, turn start/end
 META_FILE = "sft.json"  # task file: vocab size, pad id and the end-of-turn ids
+OPEN_ENDED = (("prompt", "completion"), ("instruction", "output"))  # a row to answer may leave its answer out
 
 
 @dataclass
@@ -68,6 +73,7 @@ class ModelConfig(TransformerConfig):
     max_len: int = 1024  # positions of the model (a new model)
     pretrained_from: str | None = None  # a Hugging Face decoder folder or hub id (its shape, tokenizer and chat template); null: a new model, tk's tokenizer and ChatML
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"  # weights of a pretrained source: float32 masters, or the file's bf16 kept (with LoRA)
+    adapter_from: str | None = None  # a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for the pretrained_from model: training continues from it (or evaluate it); it sets model.lora
 
 
 @dataclass
@@ -77,17 +83,25 @@ class TokenizerConfig(SharedTokenizerConfig):
     vocab_size: int = 512  # bpe: vocabulary trained on the training conversations
 
 
+@dataclass
+class GenerateConfig(GenerationConfig):
+    """The ``generate:`` section: how replies are generated (``tk chat``, ``tk predict``), and how many
+    are written to train.log at each evaluation."""
+
+    num_samples: int = 3  # greedy replies to the first held-out val prompts written to train.log at each evaluation (with the reference); 0 = none
+
+
 class SFTTask(Task):
     """Instruction / chat fine-tuning: the loss on what the assistant says."""
 
     name: ClassVar[str] = "sft"
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
-    extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TokenizerConfig, "generate": GenerationConfig}
+    extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TokenizerConfig, "generate": GenerateConfig}
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
-        self.gen_cfg: GenerationConfig = self.sections.get("generate") or GenerationConfig()
+        self.gen_cfg: GenerateConfig = self.sections.get("generate") or GenerateConfig()
         self.tok_cfg: TokenizerConfig = self.sections.get("tokenizer") or TokenizerConfig()
         self.hf: HFSource | None = None
         self.tokenizer: TextTokenizer | None = None
@@ -95,6 +109,8 @@ class SFTTask(Task):
         self.meta: dict[str, Any] = {}
         self.splits: dict[str, list[tuple[list[int], list[int]]]] = {}
         self.packed: dict[str, list[list[tuple[list[int], list[int]]]]] = {}
+        self._sampled: set[tuple] = set()  # evaluations that already logged their samples
+        self._sample_prompts: list[list[dict[str, str]]] | None = None  # the val conversations the samples answer
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
@@ -103,6 +119,8 @@ class SFTTask(Task):
         if m.pretrained_from is not None and not is_hf_source(m.pretrained_from):
             problems.append(f"model.pretrained_from: {m.pretrained_from} is not a Hugging Face model folder (with "
                             f"config.json) or a hub id; sft starts from a pretrained decoder or, with null, a new model")
+        if m.adapter_from is not None and m.pretrained_from is None:
+            problems.append("model.adapter_from: a PEFT adapter needs its base model; set model.pretrained_from to it")
         return problems
 
     @classmethod
@@ -110,10 +128,22 @@ class SFTTask(Task):
         """A pretrained source: readable, supported, its tokenizer fits."""
         task = cls(cfg)
         try:
+            model_cfg, names = task.model_cfg, {}
             if task.model_cfg.pretrained_from is not None:
                 source = HFSource.open(task.model_cfg.pretrained_from)
-                source.adopt(task.model_cfg, cfg.given, task.data.max_len)
+                model_cfg = source.adopt(task.model_cfg, cfg.given, task.data.max_len)
                 source.tokenizer()
+                names = source.family_names(model_cfg)
+            if model_cfg.lora is not None:  # targets that match nothing: refused before the run dir is written
+                with torch.device("meta"):
+                    lora = model_cfg.lora
+                    apply_lora(DecoderOnlyLM(TransformerConfig.of(model_cfg), 8), lora.rank, lora.alpha, lora.dropout,
+                               lora.targets, lora.trainable, names=names)
+            if task.model_cfg.adapter_from is not None:
+                if task.model_cfg.lora is not None:
+                    return ["model.lora: model.adapter_from sets the LoRA (rank, alpha, targets) from the adapter's "
+                            "config; remove model.lora"]
+                read_adapter(task.model_cfg.adapter_from)
         except TkError as e:
             return [str(e)]
         return []
@@ -124,14 +154,20 @@ class SFTTask(Task):
         split's conversations encoded, with what was truncated or dropped in train.log."""
         record = read_record(self.files)
         spec = self.model_cfg.pretrained_from
-        if not resume and spec is not None and not self.files.exists(META_FILE):
+        if not resume and spec is not None:  # every process: each builds (FSDP: reads its shards of) the model
             self.hf = HFSource.open(spec)
             self.model_cfg = self.hf.adopt(self.model_cfg, self.cfg.given, self.data.max_len)
             dtype = str(resolve_dtype(self.model_cfg.dtype, self.hf.files, self.hf.config)).removeprefix("torch.")
-            self.hf.keep_files(self.files, {**{k: getattr(self.model_cfg, k) for k in TRANSFORMER_SHAPE_KEYS},
-                                            "dtype": dtype})
+            if not self.files.exists(META_FILE):  # the first process writes the task files
+                self.hf.keep_files(self.files, {**{k: getattr(self.model_cfg, k) for k in TRANSFORMER_SHAPE_KEYS},
+                                                "dtype": dtype})
         elif record is not None:
             self.model_cfg = dataclasses.replace(self.model_cfg, **record["model"])
+        if self.model_cfg.adapter_from is not None and self.model_cfg.lora is None:
+            lora = adapter_section(self.files, self.model_cfg.adapter_from, self.model_cfg,
+                                   self.hf.vocab_size if self.hf is not None else json.loads(
+                                       self.files.read_text(META_FILE))["vocab_size"])
+            self.model_cfg.lora = self.cfg.sections["model"].lora = lora
         rows = {split: self._rows(split) for split in ("train", "val")}
         self.tokenizer = self._tokenizer(rows["train"])
         self.template = self._template()
@@ -145,7 +181,9 @@ class SFTTask(Task):
             if not self.splits[split]:
                 raise TkError(f"data: the {split} split has no example with a token to learn ({counts.line(split)}); "
                               f"check data.mask, data.max_len and the chat template")
-        self._log_padding()
+        self.packed, line = pack_splits(self.splits, self.data.max_len if self.data.packing else None,
+                                        self.cfg.train.batch_size, self.cfg.train.seed)  # and the padding share
+        log.info("data: %s", line)
         if self.hf is not None or str((record or {}).get("task", "")).startswith("hf:"):
             self.gen_cfg = generation_defaults(self.files, self.gen_cfg, self.cfg.given)
         stops = [i for i in self.meta["eos_ids"] if i not in self.gen_cfg.stop_ids]
@@ -153,22 +191,6 @@ class SFTTask(Task):
                                            else self.meta["eos_ids"][0],
                                            eos_ids=(self.gen_cfg.eos_ids or []) + stops or None,
                                            pad_id=self.meta["pad_id"] if self.gen_cfg.pad_id is None else self.gen_cfg.pad_id)
-
-    def _log_padding(self) -> None:
-        """The share of padding the batches will hold, packed or padded, in train.log."""
-        train, size = self.splits["train"], self.cfg.train.batch_size
-        lengths = [len(x) for x, _ in train]
-        padded = padding_share(lengths, size, self.cfg.train.seed)
-        if not self.data.packing:
-            log.info("data: padded batches of %d examples are %.1f%% padding (one shuffled epoch; data.packing: true "
-                     "puts several examples in each row of data.max_len tokens)", size, 100 * padded)
-            return
-        self.packed = {split: pack_examples(examples, self.data.max_len) for split, examples in self.splits.items()}
-        rows = self.packed["train"]
-        packed = padding_share([sum(len(x) for x, _ in r) for r in rows], size, self.cfg.train.seed)
-        log.info("data: packing: %d train examples in %d rows of <= %d tokens (%.1f per row); batches of %d rows are "
-                 "%.1f%% padding (padded batches of %d examples would be %.1f%%)", len(train), len(rows),
-                 self.data.max_len, len(train) / len(rows), size, 100 * packed, size, 100 * padded)
 
     def _rows(self, split: str) -> list[list[dict[str, str]]]:
         """The conversations of a split."""
@@ -255,6 +277,13 @@ class SFTTask(Task):
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.model_cfg.dtype)
         return model.to(dtype) if dtype is not None else model
 
+    def lora_names(self, model: nn.Module) -> dict[str, tuple[str, int, int]]:
+        return hf_lora_names(self.files, model, self.model_cfg)
+
+    def init_adapters(self, model: nn.Module) -> None:
+        if self.model_cfg.adapter_from is not None:
+            init_adapter(self.files, model, self.model_cfg, self.model_cfg.adapter_from)
+
     def example_inputs(self, model: nn.Module) -> dict[str, Any]:
         return {"tokens": torch.randint(0, self.meta["vocab_size"], (2, 8))}
 
@@ -267,26 +296,102 @@ class SFTTask(Task):
     def build_metrics(self, ctx: EvalContext) -> dict[str, Metric]:
         return {"sft": SFTMetrics()}
 
+    # -- samples at each evaluation ------------------------------------------------------
+    def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
+        """The loss; on the first batch of each evaluation during training, also
+        ``generate.num_samples`` greedy replies to held-out val prompts, with their reference, in train.log."""
+        key = (ctx.step, ctx.kind, ctx.index, ctx.key_prefix)
+        if (self.gen_cfg.num_samples > 0 and ctx.kind != "standalone" and ctx.split == "val"  # training only
+                and key not in self._sampled and is_main_process()):
+            self._sampled.add(key)
+            self._log_samples(model, ctx)
+        return self.loss(model, batch)
+
+    def _log_samples(self, model: nn.Module, ctx: EvalContext) -> None:
+        if self._sample_prompts is None:  # the first val conversations that end with the assistant's answer
+            answered = (c for c in self._rows("val") if len(c) > 1 and c[-1]["role"] == "assistant")
+            self._sample_prompts = [c for _, c in zip(range(self.gen_cfg.num_samples), answered)]
+        cfg = dataclasses.replace(self.gen_cfg, strategy="greedy")
+        for i, conversation in enumerate(self._sample_prompts):
+            try:
+                text = self.reply(model, conversation[:-1], cfg)
+            except TkError:  # a prompt too long for model.max_len: no sample, not a failed run
+                text = "(not generated: the prompt + generate.max_len exceed model.max_len)"
+            log.info("%s sample %d at step %d: %r -> %r (reference %r)", ctx.key_prefix, i, ctx.step,
+                     conversation[-2]["content"], text, conversation[-1]["content"])
+
     # -- inference -----------------------------------------------------------------------
     @torch.no_grad()
-    def reply(self, model: nn.Module, messages: Sequence[Mapping[str, str]], cfg: GenerationConfig | None = None) -> str:
+    def reply(self, model: nn.Module, messages: Sequence[Mapping[str, str]], cfg: GenerationConfig | None = None,
+              on_text: Callable[[str], None] | None = None) -> str:
         """The assistant's next message after ``messages`` (the template's generation prompt, then
-        tokens until an end-of-turn / eos id)."""
+        tokens until an end-of-turn / eos id), surrounding whitespace stripped.
+
+        ``on_text`` (streaming) gets each new piece of the reply as soon as its token is generated;
+        the pieces add up to the returned text.
+
+        Raises:
+            TkError: the conversation + ``cfg.max_len`` new tokens exceed ``model.max_len``.
+        """
         cfg = cfg or self.gen_cfg
         ids, _ = encode_chat(self.tokenizer, self.template, messages, mask="all", add_generation_prompt=True)
         if len(ids) + cfg.max_len > self.model_cfg.max_len:
             raise TkError(f"the conversation ({len(ids)} tokens) + new tokens ({cfg.max_len}) exceeds model.max_len "
                           f"({self.model_cfg.max_len}); shorten it or lower generate.max_len")
         device = next(model.parameters()).device
-        out = generate(model, torch.tensor([ids], device=device), cfg).tokens[0].tolist()
-        stops = set(cfg.stop_ids)
-        return self.tokenizer.decode([t for t in out if t not in stops and t != cfg.pad_id]).strip()
+        skip = set(cfg.stop_ids) | {cfg.pad_id}
 
-    def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
-        """``{"input": prompt, "reply": text}`` per prompt, each a one-message conversation (with
-        ``data.system_prompt`` first when set)."""
+        def text_of(new: Sequence[int]) -> str:
+            return self.tokenizer.decode([t for t in new if t not in skip]).strip()
+
+        stream = None if on_text is None else ReplyStream(text_of, on_text, cfg.stop_ids)
+        on_step = stream if cfg.strategy != "beam" else None  # beam search cannot stream: all at the end
+        out = generate(model, torch.tensor([ids], device=device), cfg, on_step=on_step).tokens[0].tolist()
+        text = text_of(out)
+        if stream is not None:
+            stream.finish(text)
+        return text
+
+    def predict(self, model: nn.Module, inputs: Sequence[str | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``{"input", "reply"}`` per input: a prompt (a one-message conversation), or a row of any of
+        the data formats (what ``tk predict RUN rows.jsonl`` hands over, renamed by ``data.columns``;
+        its completion / output may be left out). A conversation that ends with the assistant's
+        message is answered without it, and that message is the record's ``reference``.
+        ``data.system_prompt`` goes first where a conversation has no system message.
+
+        Raises:
+            TkError: a row of no known format, or one with no message to answer.
+        """
         out = []
-        for prompt in inputs:
-            messages = to_messages({"prompt": prompt, "completion": ""}, "prompt_completion", self.data.system_prompt)
-            out.append({"input": prompt, "reply": self.reply(model, messages[:-1])})
+        for item in inputs:
+            messages, reference = self._conversation(item)
+            record = {"input": item, "reply": self.reply(model, messages)}
+            out.append(record if reference is None else {**record, "reference": reference})
         return out
+
+    def _conversation(self, item: str | Mapping[str, Any]) -> tuple[list[dict[str, str]], str | None]:
+        """The messages to answer and the reference answer (None: the input has none)."""
+        d = self.data
+        if isinstance(item, str):
+            return to_messages({"prompt": item, "completion": ""}, "prompt_completion", d.system_prompt)[:-1], None
+        if not isinstance(item, Mapping):
+            raise TkError(f"an input is a JSON {type(item).__name__} ({str(item)[:60]}); give a prompt or a row "
+                          f"(prompt/completion, alpaca, messages or conversations)")
+        row = next(iter(renamed([item], d.columns)))
+        for question, answer in OPEN_ENDED:
+            if question in row:
+                row.setdefault(answer, "")
+        fmt = detect_format(row) if d.format == "auto" else d.format
+        try:
+            messages = to_messages(row, fmt, d.system_prompt)
+        except (KeyError, TypeError) as e:  # a message without role/content, a list where text belongs, ...
+            problem = f"no {e} key" if isinstance(e, KeyError) else str(e)
+            raise TkError(f"a row does not fit the {fmt} format ({problem}): {json.dumps(item)[:80]}; the formats "
+                          f"are in docs/sft.md") from None
+        reference = None
+        if messages and messages[-1]["role"] == "assistant":
+            reference = messages.pop()["content"] or None  # an empty completion: nothing to compare with
+        if not any(m["role"] != "system" for m in messages):
+            raise TkError(f"a row with no message to answer ({json.dumps(item)[:80]})")
+        return messages, reference
+

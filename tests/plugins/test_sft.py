@@ -148,3 +148,40 @@ def test_a_packed_run_logs_its_padding_and_resumes_exactly(tmp_path):
     assert losses(halves)[-1] == pytest.approx(losses(straight)[-1], rel=1e-6)
     log = (straight / "train.log").read_text()
     assert "data: packing: 300 train examples in" in log and "padded batches of 4 examples would be" in log
+
+
+@pytest.mark.slow
+def test_two_processes_ddp_and_fsdp_equal_one_with_packing_from_a_hf_folder(tmp_path):
+    """sft on 2 gloo processes (DDP, and FSDP reading its shards) gives the losses of one process with
+    the global batch: packed rows of different target counts are normalised by the global count."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    from tests.plugins.hf_tiny import save_tiny
+
+    save_tiny("qwen2", tmp_path / "m")
+    rows = [{"prompt": f"say {'a b ' * (i % 7)}{i}", "completion": "the quick brown fox" + " dog" * (i % 5)}
+            for i in range(80)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "sft.yaml").write_text(
+        f"task: sft\ndata: {{source: files, train_file: {tmp_path / 'train.jsonl'}, max_len: 128, packing: true, "
+        f"val_fraction: 0.2}}\nmodel: {{pretrained_from: {tmp_path / 'm'}}}\noptim: {{lr: 1.0e-3}}\n"
+        "generate: {num_samples: 0}\n"
+        "train: {max_steps: 4, eval_every: 2, log_every: 1, progress: false, device: cpu}\n")
+
+    def run(out, *extra):
+        proc = subprocess.run([str(Path(sys.executable).with_name("tk")), "run", str(tmp_path / "sft.yaml"),
+                               f"output_dir={out}", *extra], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    one = run(tmp_path / "one", "train.batch_size=4")
+    for strategy in ("ddp", "fsdp"):
+        two = run(tmp_path / strategy, "train.batch_size=2", f"train.strategy={strategy}", "--nproc-per-node", "2")
+        assert [r["step"] for r in two] == [r["step"] for r in one]
+        for a, b in zip(two, one):
+            for key in ("loss", "val/loss", "val/token_accuracy"):
+                if key in b:
+                    assert a[key] == pytest.approx(b[key], abs=1e-5), (strategy, a["step"], key)
