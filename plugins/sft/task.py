@@ -88,7 +88,7 @@ class GenerateConfig(GenerationConfig):
     """The ``generate:`` section: how replies are generated (``tk chat``, ``tk predict``), and how many
     are written to train.log at each evaluation."""
 
-    num_samples: int = 3  # greedy replies to the first held-out val prompts written to train.log at each evaluation (with the reference); 0 = none
+    num_samples: int = 3  # greedy replies to the first held-out val prompts written to train.log at each evaluation (with the reference); 0 = none; none under FSDP with several processes
 
 
 class SFTTask(Task):
@@ -301,8 +301,9 @@ class SFTTask(Task):
         """The loss; on the first batch of each evaluation during training, also
         ``generate.num_samples`` greedy replies to held-out val prompts, with their reference, in train.log."""
         key = (ctx.step, ctx.kind, ctx.index, ctx.key_prefix)
+        sharded = self.cfg.train.strategy == "fsdp" and get_world_size() > 1  # a forward on one rank would hang
         if (self.gen_cfg.num_samples > 0 and ctx.kind != "standalone" and ctx.split == "val"  # training only
-                and key not in self._sampled and is_main_process()):
+                and key not in self._sampled and is_main_process() and not sharded):
             self._sampled.add(key)
             self._log_samples(model, ctx)
         return self.loss(model, batch)
