@@ -39,6 +39,10 @@ class TkGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `tk predict ... | head`: the reader has what it wanted, a normal end
+            _close_stdout()
+            sys.exit(0)
         except click.UsageError as e:
             where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
             click.echo(f"error: {_one_line(e.format_message())}{where}", err=True)
@@ -59,6 +63,9 @@ class TkGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:  # the reader of our output closed it (`| head`): not an error
+            _close_stdout()
+            ctx.exit(0)
         except TkError as e:
             if debug_requested(ctx):
                 traceback.print_exc()
@@ -82,6 +89,12 @@ _OS_FIXES = {errno.ENOSPC: "free disk space and run the command again",
              errno.EPERM: "choose a path you may write, or change its permissions",
              errno.EROFS: "choose a path on a writable disk",
              errno.ENOENT: "check the path"}
+
+
+def _close_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail on the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _os_error(e: OSError) -> str:

@@ -344,3 +344,14 @@ def test_a_run_dir_in_use_is_refused_and_released_however_its_run_ends(toy_site,
             "RunDirLock().acquire(Path(sys.argv[1])); os.kill(os.getpid(), 9)")
     assert subprocess.run([sys.executable, "-c", code, str(run_dir)]).returncode == -9
     assert invoke("run", str(toy_recipe), f"output_dir={run_dir}", "train.max_steps=8", "--resume").exit_code == 0
+
+
+def test_a_closed_pipe_is_a_normal_end_not_an_error():
+    """`tk ... | head`: the reader closes the pipe; tk ends quietly with 0, not "error: Broken pipe"."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "tk", "info", "sft"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before tk writes: its first flush meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and err == "", err
