@@ -40,6 +40,7 @@ class DataConfig:
     columns: dict[str, str] = field(default_factory=dict)  # renames {column in the file: the format's name}, e.g. {question: prompt, answer: completion}
     system_prompt: str | None = None  # a system message put first in every conversation that has none
     max_len: int = 512  # tokens per example (and per packed row); longer ones are truncated (counted in train.log)
+    truncate: bool = True  # false: an example longer than max_len is an error naming it (instead of cut and counted)
     packing: bool = False  # several examples per row of max_len tokens, each attending only to itself (block-causal mask, positions restarting): the same loss as alone, less padding
     mask: Literal["assistant", "last", "all"] = "assistant"  # the tokens learned: every assistant turn (end-of-turn included), the last one, or all
     chat_template: str | None = None  # a jinja chat template or a .jinja file; None = the model's own (tk's ChatML for a model without one)
@@ -157,10 +158,18 @@ class Counts:
                 f"targets); {self.truncated} truncated to data.max_len, {self.dropped} dropped with no target token")
 
 
-def make_example(ids: Sequence[int], mask: Sequence[int], max_len: int, counts: Counts) -> tuple[list[int], list[int]] | None:
+def make_example(ids: Sequence[int], mask: Sequence[int], max_len: int, counts: Counts,
+                 truncate: bool = True) -> tuple[list[int], list[int]] | None:
     """(inputs, targets) of one conversation: ``targets[t]`` is ``ids[t + 1]`` where that token is
-    learned, else -100; None (counted) where no target is left."""
+    learned, else -100; None (counted) where no target is left.
+
+    Raises:
+        TkError: an example over ``max_len`` when ``truncate`` is off.
+    """
     counts.examples += 1
+    if len(ids) > max_len + 1 and not truncate:
+        raise TkError(f"data: example {counts.examples} has {len(ids) - 1} tokens, more than data.max_len ({max_len}) "
+                      f"and data.truncate is false; raise data.max_len or set data.truncate: true (cut and counted)")
     if len(ids) > max_len + 1:
         ids, mask = ids[: max_len + 1], mask[: max_len + 1]
         counts.truncated += 1

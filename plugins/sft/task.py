@@ -175,7 +175,7 @@ class SFTTask(Task):
         for split, conversations in rows.items():
             counts = Counts()
             encoded = [make_example(*encode_chat(self.tokenizer, self.template, c, self.data.mask), self.data.max_len,
-                                    counts) for c in conversations]
+                                    counts, self.data.truncate) for c in conversations]
             self.splits[split] = [e for e in encoded if e is not None]
             log.info("data: %s", counts.line(split))
             if not self.splits[split]:

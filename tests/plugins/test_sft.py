@@ -185,3 +185,12 @@ def test_two_processes_ddp_and_fsdp_equal_one_with_packing_from_a_hf_folder(tmp_
             for key in ("loss", "val/loss", "val/token_accuracy"):
                 if key in b:
                     assert a[key] == pytest.approx(b[key], abs=1e-5), (strategy, a["step"], key)
+
+
+def test_an_example_over_max_len_with_truncation_off_is_one_line(tmp_path):
+    args = ["run", "sft_synthetic", "data.num_train=20", "data.num_val=4", "data.max_len=8", "data.truncate=false",
+            "model.dim=32", "model.depth=1", "train.max_steps=1", f"output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "data: example 1 has" in result.output and "more than data.max_len (8)" in result.output
+    assert not (tmp_path / "run").exists()  # the new run dir is taken away again
