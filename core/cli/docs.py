@@ -151,8 +151,9 @@ def section_keys(cls: type, prefix: str = "", defaults: Any = None) -> list[KeyD
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     out: list[KeyDoc] = []
+    unused = set(getattr(cls, "unused_keys", ()))  # e.g. encoder-decoder keys of a one-stack model
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not f.init or f.name in unused:
             continue
         default = getattr(defaults, f.name) if defaults is not None else _default_of(f)
         nested = _dataclass_in(hints[f.name])

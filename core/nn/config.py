@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import partial
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from tk.core.nn.lora import LoRAConfig
 from tk.core.nn.rope import rope_scaling_problems
@@ -30,7 +30,12 @@ def _key(prefix: str, name: str) -> str:
 
 @dataclass
 class TransformerConfig:
-    """Shape and regularisation of a Transformer: the ``model:`` section of text models."""
+    """Shape and regularisation of a Transformer: the ``model:`` section of text models.
+
+    A task's ``model:`` section that builds one stack sets ``unused_keys = ENCODER_DECODER_KEYS``:
+    ``tk info`` leaves them out and a recipe that sets one is told it does nothing there."""
+
+    unused_keys: ClassVar[tuple[str, ...]] = ()  # fields this task's model never reads
 
     dim: int = 256  # model width D (token vector size)
     depth: int = 4  # layers per stack (encoder-decoder: default of encoder_depth and decoder_depth)
@@ -114,7 +119,9 @@ class TransformerConfig:
     def check(self, prefix: str = "model") -> list[str]:
         """Problems of this config, one line each, keys named as ``{prefix}.field``."""
         k = partial(_key, prefix)
-        problems = []
+        problems = [f"{k(name)}: this task's model is a single stack; {name} applies to encoder-decoders "
+                    f"(translation) only; remove it" for name in self.unused_keys
+                    if getattr(self, name) != getattr(type(self), name, None)]
         for name in ("dim", "depth", "num_heads", "max_len"):
             if getattr(self, name) < 1:
                 problems.append(f"{k(name)} ({getattr(self, name)}) must be >= 1")
@@ -244,3 +251,6 @@ class ViTConfig(TransformerConfig):
             if getattr(self, name) is not None:
                 problems.append(f"{k(name)} is not used by the ViT; set {k('depth')} instead")
         return problems
+
+
+ENCODER_DECODER_KEYS = ("encoder_depth", "decoder_depth", "share_embeddings")  # an encoder-decoder's own fields

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from torch import nn
 
-from tk.core.nn.config import TransformerConfig
+from tk.core.nn.config import ENCODER_DECODER_KEYS, TransformerConfig
 from tk.core.nn.transformer import DecoderOnlyLM
 
 
 @dataclass
 class ModelConfig(TransformerConfig):
     """The ``model:`` section: TransformerConfig with GPT defaults."""
+
+    unused_keys: ClassVar[tuple[str, ...]] = ENCODER_DECODER_KEYS  # one stack: no encoder-decoder keys
 
     dim: int = 128  # model width D
     dropout: float = 0.0  # residual/embedding dropout

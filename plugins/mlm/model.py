@@ -7,13 +7,13 @@ BERT: https://arxiv.org/abs/1810.04805 (the head: ``BertLMPredictionHead`` of th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tk.core.nn.config import TransformerConfig
+from tk.core.nn.config import ENCODER_DECODER_KEYS, TransformerConfig
 from tk.core.nn.text_encoder import TextEncoder
 
 
@@ -21,6 +21,8 @@ from tk.core.nn.text_encoder import TextEncoder
 class ModelConfig(TransformerConfig):
     """The recipe's ``model:`` section: core's :class:`TransformerConfig` (``data.max_len``
     positions), with text_classification's defaults so a pretrained encoder fits a classifier."""
+
+    unused_keys: ClassVar[tuple[str, ...]] = ENCODER_DECODER_KEYS  # one stack: no encoder-decoder keys
 
     dim: int = 128  # encoder width D
     depth: int = 2  # encoder layers

@@ -26,7 +26,7 @@ from tk.core.exchange.hf.source import (HFSource, adapter_section, generation_de
 from tk.core.exchange.pretrained import TRANSFORMER_SHAPE_KEYS
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
-from tk.core.nn.config import TransformerConfig
+from tk.core.nn.config import ENCODER_DECODER_KEYS, TransformerConfig
 from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.nn.lm import DecoderOnlyLM
 from tk.core.nn.lora import apply_lora
@@ -62,6 +62,8 @@ OPEN_ENDED = (("prompt", "completion"), ("instruction", "output"))  # a row to a
 @dataclass
 class ModelConfig(TransformerConfig):
     """The ``model:`` section: a pretrained decoder (``pretrained_from``) or a new small one."""
+
+    unused_keys: ClassVar[tuple[str, ...]] = ENCODER_DECODER_KEYS  # one stack: no encoder-decoder keys
 
     dim: int = 128  # model width D (a new model)
     depth: int = 4  # layers (a new model)

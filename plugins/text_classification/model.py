@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-from tk.core.nn.config import TransformerConfig
+from tk.core.nn.config import ENCODER_DECODER_KEYS, TransformerConfig
 from tk.core.nn.packing import pool_segments
 from tk.core.nn.text_encoder import TEXT_POOLINGS, TextEncoder, pool
 
@@ -17,6 +17,8 @@ from tk.core.nn.text_encoder import TEXT_POOLINGS, TextEncoder, pool
 class ModelConfig(TransformerConfig):
     """The recipe's ``model:`` section: core's :class:`TransformerConfig` (a from-scratch
     encoder; ``data.max_len`` positions) plus the head and fine-tuning keys."""
+
+    unused_keys: ClassVar[tuple[str, ...]] = ENCODER_DECODER_KEYS  # one stack: no encoder-decoder keys
 
     dim: int = 128  # encoder width D
     depth: int = 2  # encoder layers

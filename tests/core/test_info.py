@@ -91,3 +91,15 @@ def test_list_reads_metadata_and_imports_no_plugin(tmp_path):
     image = next(line for line in lines if line.strip().startswith("image_classification"))
     assert "[tk " in image and "(run tk info image_classification)" in image
     assert "recipes:" in lines and any(line.strip().startswith("quickstart") for line in lines)
+
+
+def test_a_one_stack_task_neither_lists_nor_takes_encoder_decoder_keys(tmp_path):
+    runner = CliRunner()
+    for task in ("language_model", "sft", "mlm", "text_classification"):
+        model = json.loads(runner.invoke(cli, ["info", task, "--json"]).output)["sections"]["model"]
+        keys = {row["key"] for row in model["keys"]}
+        assert "dim" in keys and not keys & {"encoder_depth", "decoder_depth", "share_embeddings"}, task
+    translation = json.loads(runner.invoke(cli, ["info", "translation", "--json"]).output)["sections"]["model"]
+    assert "encoder_depth" in {row["key"] for row in translation["keys"]}
+    result = runner.invoke(cli, ["validate", "lm_synthetic", "model.encoder_depth=2"])
+    assert result.exit_code == 2 and "encoder_depth applies to encoder-decoders (translation) only" in result.output
