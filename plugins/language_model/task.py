@@ -38,6 +38,7 @@ from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, cut_pieces, encode_long, iter_column, load_hub_dataset
 from tk.core.text.long_text import adds_specials
+from tk.core.text.stream import TextStream
 from tk.core.text.token_store import TokenStore
 from tk.plugins.language_model.corpus import corpus_files, iter_corpus, synthetic_text, take_chars
 from tk.plugins.language_model.data import (
@@ -60,7 +61,6 @@ from tk.plugins.language_model.data import (
 from tk.plugins.language_model.metrics import LMMetrics
 from tk.plugins.language_model.model import ModelConfig, build_model
 from tk.plugins.language_model.samples import SAMPLES_DIR, write_samples  # noqa: F401  (SAMPLES_DIR: kept importable here)
-from tk.plugins.language_model.stream import TextStream
 
 TOKENIZER_FILE = "tokenizer.json"  # task file: the tokenizer (a tokenizers JSON)
 TOKENS_FILE = "tokens.bin"  # task file: the whole corpus as one token array (uint16 / uint32)

@@ -35,6 +35,7 @@ from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, load_hub_dataset
 from tk.core.text import TokenizerConfig as SharedTokenizerConfig
 from tk.core.text.chat import DEFAULT_TEMPLATE, TEMPLATE_FILE, ChatTemplate, encode_chat, read_chat_template
+from tk.core.text.stream import TextStream
 from tk.plugins.sft.data import (
     IGNORE,
     Counts,
@@ -51,7 +52,6 @@ from tk.plugins.sft.data import (
     to_messages,
 )
 from tk.plugins.sft.metrics import SFTMetrics
-from tk.plugins.sft.stream import ReplyStream
 
 log = logging.getLogger(__name__)
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # a new model's specials: pad, turn start/end
@@ -347,7 +347,7 @@ class SFTTask(Task):
         def text_of(new: Sequence[int]) -> str:
             return self.tokenizer.decode([t for t in new if t not in skip]).strip()
 
-        stream = None if on_text is None else ReplyStream(text_of, on_text, cfg.stop_ids)
+        stream = None if on_text is None else TextStream(text_of, on_text, cfg.stop_ids)
         on_step = stream if cfg.strategy != "beam" else None  # beam search cannot stream: all at the end
         out = generate(model, torch.tensor([ids], device=device), cfg, on_step=on_step).tokens[0].tolist()
         text = text_of(out)

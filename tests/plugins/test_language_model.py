@@ -214,7 +214,7 @@ def test_char_tokenizer_round_trips_arbitrary_text():
 
 
 def test_text_stream_pieces_add_up_and_wait_for_whole_characters():
-    from tk.plugins.language_model.stream import TextStream
+    from tk.core.text.stream import TextStream
 
     utf8 = "hé中".encode()  # byte "tokens": the decoder shows U+FFFD for an incomplete character
     pieces = []

@@ -14,8 +14,8 @@ from tk.core.cli import cli
 from tk.core.engine.inference import load_run
 from tk.core.engine.predict import read_inputs
 from tk.core.errors import TkError
+from tk.core.text.stream import REPLACEMENT, TextStream
 from tk.plugins.sft.cli import Conversation, _interactive
-from tk.plugins.sft.stream import REPLACEMENT, ReplyStream
 
 REVERSE, SORT = "reverse: red cat", "sort: dog sun"
 
@@ -71,7 +71,7 @@ def test_streamed_pieces_add_up_to_the_reply(loaded):
     assert len(pieces) > 1 and "".join(pieces) == text == task.reply(model, [user(SORT)], cfg)
     ids = task.tokenizer.encode("héllo ☃ wörld", add_special_tokens=False)
     sent = []
-    stream = ReplyStream(lambda new: task.tokenizer.decode(new).strip(), sent.append, [])
+    stream = TextStream(lambda new: task.tokenizer.decode(new).strip(), sent.append, [])
     for t in ids:
         stream(len(sent), torch.tensor([t]))
     stream.finish(task.tokenizer.decode(ids).strip())

@@ -11,11 +11,12 @@ REPLACEMENT = "\ufffd"  # what a byte-level decoder shows for an incomplete UTF-
 
 class TextStream:
     """An ``on_step`` callback for :func:`tk.core.nn.generation.generate` (batch of one):
-    decodes the tokens so far and hands the new text to ``emit``.
+    decodes the tokens so far and hands the new text to ``emit`` (``tk generate``, ``tk chat``).
 
     Decoding the whole prefix each step (not token by token) keeps BPE merges and
     multi-byte characters right; text ending in an incomplete character is held back
-    until the next token completes it.
+    until the next token completes it. A ``decode`` that strips whitespace still emits only
+    prefixes of the final text.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], emit: Callable[[str], None],
