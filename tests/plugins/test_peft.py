@@ -133,6 +133,10 @@ def test_an_adapter_of_another_model_or_other_targets_is_one_line(folders, tmp_p
     (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "use_dora": True}))
     with pytest.raises(TkError, match="use_dora True"):
         read_adapter(tmp_path / "dora")
+    (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_bias": True,
+                                                                        "exclude_modules": ["q_proj"]}))
+    with pytest.raises(TkError, match="exclude_modules .*lora_bias True"):
+        read_adapter(tmp_path / "dora")
     with pytest.raises(TkError, match="no adapter_config.json"):
         read_adapter(tmp_path)
 

@@ -164,7 +164,9 @@ def read_adapter(folder: str | Path) -> dict[str, Any]:
     if config.get("task_type") not in (None, "CAUSAL_LM"):
         problems.append(f"task_type {config.get('task_type')!r} (a decoder's adapter is CAUSAL_LM)")
     for key, ok in (("use_dora", False), ("bias", "none"), ("rank_pattern", {}), ("alpha_pattern", {}),
-                    ("layers_to_transform", None), ("layers_pattern", None)):
+                    ("layers_to_transform", None), ("layers_pattern", None), ("exclude_modules", None),
+                    ("lora_bias", False), ("target_parameters", None), ("trainable_token_indices", None),
+                    ("layer_replication", None), ("use_qalora", False)):
         if config.get(key, ok) not in (ok, None, [], {}) and not (key == "bias" and config.get(key) == "none"):
             problems.append(f"{key} {config[key]!r}")
     if problems:
