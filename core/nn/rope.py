@@ -140,8 +140,8 @@ class RotaryEmbedding(nn.Module):
         Args:
             x: (B, H, T, Dh) queries or keys.
             offset: position of x's first token.
-            positions: (B, T) long, each token's own position (packed rows: restarting at every
-                document, so each is rotated exactly as it is alone); overrides ``offset``.
+            positions: (B, T) long, each token's own position, below T (packed rows: restarting at
+                every document, so each is rotated exactly as it is alone); overrides ``offset``.
 
         Returns:
             (B, H, T, Dh), same dtype as x (float32 tables; half-precision x is rotated in its
@@ -149,7 +149,7 @@ class RotaryEmbedding(nn.Module):
         """
         T = x.shape[-2]
         if positions is not None:
-            cos, sin = self._tables(int(positions.max()) + 1, x.device)
+            cos, sin = self._tables(T, x.device)  # positions restart inside the row: each < T (no host sync)
             cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (B, 1, T, Dh)
         else:
             cos, sin = self._tables(offset + T, x.device)
