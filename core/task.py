@@ -13,6 +13,7 @@ training runs only) -> LoRA (``lora_names``; ``init_adapters`` on fresh training
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
@@ -109,6 +110,12 @@ class Task:
                 never be retrained there). False on a fresh training run and in
                 ``tk summary`` (which has no run dir: ``self.run_dir`` is None).
         """
+
+    def report(self, message: str) -> None:
+        """One line in ``train.log`` and on the console (rank 0), as the built-in tasks say what they
+        loaded, dropped or truncated; heard during set-up, model building and evaluation (as is
+        ``logging.getLogger(__name__).info`` anywhere in the plugin's package)."""
+        logging.getLogger(f"tk.task.{self.name or type(self).__name__}").info(message)
 
     def state_dict(self) -> dict[str, Any]:
         """Task state that a checkpoint must carry to reload the task (tokenizer, vocab).

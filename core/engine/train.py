@@ -80,7 +80,7 @@ class Trainer:
         self.precision = Precision(t.precision, self.device, autocast=autocast_needed(t.strategy, self.device))
         state = read_resume_checkpoint(resume_from, self.device, cfg.task) if resume_from is not None else None
         loaders = partial(run_loaders, t=t, rank=self.rank, world_size=self.world_size, device=self.device)
-        with self.log.messages():  # what the assembly reports (a pretrained source, adapters) goes to train.log
+        with self.log.messages(task_cls.__module__):  # what the assembly reports (a source, adapters): train.log
             built = assemble(cfg, task_cls, self.run_dir, "resume" if state else "train", state=state,
                              build_data=loaders, main_first=main_process_first)
         self.task, self.model = built.task, built.model
@@ -233,7 +233,7 @@ class Trainer:
         """
         ctx = EvalContext(split, self.step, kind, self.counts.evaluations, prefix or "")
         out_dir = self.run_dir / "eval" if self.run_dir is not None else None
-        with preserved_rng(), gathered(self.model), self.log.messages():  # fsdp: full weights; task messages: train.log
+        with preserved_rng(), gathered(self.model), self.log.messages(type(self.task).__module__):  # fsdp: full weights
             loader = self.val_loader if split == "val" else \
                 split_loader(self.task, split, self.tcfg, False, self.rank, self.world_size, self.device)
             return evaluate_loader(self.task, model or self.model, loader, self.device, self.precision, ctx,

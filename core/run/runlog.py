@@ -142,23 +142,27 @@ class RunLog:
             logger.flush()
 
     @contextlib.contextmanager
-    def messages(self) -> Iterator[None]:
+    def messages(self, *also: str) -> Iterator[None]:
         """Inside the block, the INFO+ messages of the ``tk.*`` loggers (what a task reports while
-        a run is assembled) are echoed here: ``train.log`` and the console."""
+        a run is assembled or evaluated) and of the top-level package of each module named in
+        ``also`` (a plugin's: ``logging.getLogger(__name__)`` anywhere in ``my_plugin``) are echoed
+        here: ``train.log`` and the console."""
         if not self.enabled:
             yield
             return
-        tk_logger = logging.getLogger("tk")
-        before = (_MESSAGES.target, tk_logger.level)
+        loggers = [logging.getLogger(name) for name in dict.fromkeys(("tk", *(m.split(".")[0] for m in also)))]
+        before = (_MESSAGES.target, [lg.level for lg in loggers])
         _MESSAGES.target = self
-        if _MESSAGES not in tk_logger.handlers:
-            tk_logger.addHandler(_MESSAGES)
-        tk_logger.setLevel(logging.INFO)
+        for lg in loggers:
+            if _MESSAGES not in lg.handlers:
+                lg.addHandler(_MESSAGES)
+            lg.setLevel(logging.INFO)
         try:
             yield
         finally:
-            _MESSAGES.target, level = before
-            tk_logger.setLevel(level)
+            _MESSAGES.target, levels = before
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
 
     def close(self) -> None:
         """Close the loggers opened by :meth:`add_loggers`."""

@@ -23,3 +23,17 @@ def test_window_record_weights_task_logs_by_items_like_the_loss():
     assert record["loss"] == (1.0 * 10 + 3.0 * 30) / 40
     assert record["acc"] == (0.5 * 10 + 1.0 * 30) / 40  # per item, not per update
     assert record["lr"] == 0.2 and record["skipped_steps"] == 1.0
+
+
+def test_a_plugin_reports_to_train_log_with_task_report_or_its_own_logger(tmp_path):
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+
+    recipe = tmp_path / "chatty.yaml"
+    recipe.write_text("task: tests.core.chatty_task:ChattyTask\ndata: {num_train: 32, num_val: 8}\n"
+                      "train: {max_steps: 1, batch_size: 8, progress: false}\n")
+    result = CliRunner().invoke(cli, ["run", str(recipe), f"output_dir={tmp_path / 'run'}"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "chatty: 3 rows dropped (empty)" in log and "chatty: built by the plugin's own logger" in log

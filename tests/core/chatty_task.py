@@ -1,0 +1,20 @@
+"""A plugin-like task that reports what it did (``Task.report``) and logs through its own
+module logger: both lines must reach train.log (issue #52 item 4)."""
+
+import logging
+
+from tests.core.toy_text import ToyTextTask
+
+log = logging.getLogger(__name__)
+
+
+class ChattyTask(ToyTextTask):
+    name = "chatty"
+
+    def setup(self, resume: bool = False) -> None:
+        super().setup(resume)
+        self.report("chatty: 3 rows dropped (empty)")
+
+    def build_model(self):
+        log.info("chatty: built by the plugin's own logger")
+        return super().build_model()
