@@ -48,6 +48,9 @@ class Task:
             "tokenizer.vocab_size"``; a value rename as ``"data.source=hub": "data.source=hf"``;
             a text with a space is the hint itself: ``"was renamed to data.hf_split (a mapping)"``);
             a recipe or override using an old key is a config error naming the new one.
+        metric_names: the keys the task's metrics log (without ``val/``), for a task whose
+            ``build_metrics`` needs ``setup()``: ``tk run``/``validate``/``sweep`` check
+            ``train.best_metric`` against them before anything starts (else after set-up, with a note).
 
     An instance is built from a validated :class:`tk.core.config.RunConfig` and the
     run directory it belongs to (None where a command has none, e.g. ``tk summary``);
@@ -62,6 +65,7 @@ class Task:
     ModelConfig: ClassVar[type] = EmptyConfig
     extra_sections: ClassVar[Mapping[str, type]] = {}
     renamed_keys: ClassVar[Mapping[str, str]] = {}
+    metric_names: ClassVar[tuple[str, ...]] = ()  # what build_metrics' metrics log ("top1"), where it needs setup()
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None) -> None:
         self.cfg = cfg

@@ -4,12 +4,14 @@ reason known before the data is read."""
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Callable
 from typing import Any
 
 from tk.core.errors import TkError
 from tk.core.step import EvalContext
-from tk.core.training.build import check_best_metric
+from tk.core.training.build import check_best_metric, check_keys
 from tk.core.training.device import check_logger_packages, preflight
 from tk.core.training.evaluate import metric_keys
 from tk.core.training.precision import check_precision
@@ -46,7 +48,14 @@ def _best_metric(cfg: Any, task_cls: type, dist: Any) -> None:
         metric_keys(task, EvalContext("val"))
     except TkError:
         raise
-    except Exception:  # a task whose metrics need its set-up (e.g. the data's classes): the trainer checks
+    except Exception as e:  # a task whose metrics need its set-up (e.g. the data's classes)
+        declared = list(getattr(task_cls, "metric_names", ()) or ())
+        if declared:  # what the task says its metrics log: checked here all the same
+            check_keys(cfg.train.best_metric, ["val/loss", *(f"val/{k}" for k in declared)])
+            return
+        print(f"note: train.best_metric {cfg.train.best_metric!r} cannot be checked before the run starts: "
+              f"{task_cls.__name__}.build_metrics needs the task's set-up ({type(e).__name__}: {e}); it is checked "
+              f"after set-up (a task declares metric_names to have it checked here)", file=sys.stderr)
         return
     check_best_metric(task, cfg.train.best_metric, with_ema=cfg.train.ema_decay is not None)
 

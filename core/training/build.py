@@ -110,7 +110,15 @@ def check_best_metric(task: Task, key: str, with_ema: bool) -> None:
         if with_ema:
             keys += metric_keys(task, EvalContext("val", ctx.step, ctx.kind, ctx.index, prefix="val_ema"))
         per_eval.append(keys)
-    keys = [k for k in per_eval[0] if all(k in other for other in per_eval[1:])]
+    check_keys(key, [k for k in per_eval[0] if all(k in other for other in per_eval[1:])])
+
+
+def check_keys(key: str, keys: list[str]) -> None:
+    """``train.best_metric`` ``key`` among ``keys``.
+
+    Raises:
+        TkError: it is not, with a did-you-mean.
+    """
     if key not in keys:
         close = difflib.get_close_matches(key, keys, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

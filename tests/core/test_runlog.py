@@ -37,3 +37,20 @@ def test_a_plugin_reports_to_train_log_with_task_report_or_its_own_logger(tmp_pa
     assert result.exit_code == 0, result.output
     log = (tmp_path / "run" / "train.log").read_text()
     assert "chatty: 3 rows dropped (empty)" in log and "chatty: built by the plugin's own logger" in log
+
+
+def test_a_best_metric_a_task_can_only_know_after_set_up_is_never_skipped_silently(tmp_path):
+    from click.testing import CliRunner
+
+    from tk.core.cli import cli
+
+    def validate(cls, metric):
+        recipe = tmp_path / f"{cls}.yaml"
+        recipe.write_text(f"task: tests.core.chatty_task:{cls}\ndata: {{num_train: 32, num_val: 8}}\n")
+        return CliRunner().invoke(cli, ["validate", str(recipe), f"train.best_metric={metric}"])
+
+    noted = validate("NeedsSetupTask", "val/top2")
+    assert noted.exit_code == 0 and "cannot be checked before the run starts" in noted.output
+    refused = validate("DeclaredTask", "val/top2")
+    assert refused.exit_code == 2 and "did you mean 'val/top1'" in refused.output
+    assert validate("DeclaredTask", "val/top1").exit_code == 0
