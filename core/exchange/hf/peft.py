@@ -127,7 +127,8 @@ def _modules_to_save(model: nn.Module, family: Family, cfg: TransformerConfig
         raise TkError("--format peft: the trained embedding is tied to the head; PEFT's modules_to_save cannot hold "
                       "a tied pair; export --format hf (merged) instead")
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith((".lora_A", ".lora_B"))}
-    sd.pop("lm_head.weight", None) if model.lm_head.weight is model.tok_embed.weight else None
+    if model.lm_head.weight is model.tok_embed.weight:  # a tied head is the embedding's tensor
+        sd.pop("lm_head.weight", None)
     rows = {r.tk: r for r in family.expanded(cfg.depth)}
     modules = set()
     for name in trained:
