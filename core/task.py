@@ -65,6 +65,7 @@ class Task:
     ModelConfig: ClassVar[type] = EmptyConfig
     extra_sections: ClassVar[Mapping[str, type]] = {}
     renamed_keys: ClassVar[Mapping[str, str]] = {}
+    predict_rows: ClassVar[bool] = False  # predict() also takes dict rows (the lines of a .jsonl input)
     metric_names: ClassVar[tuple[str, ...]] = ()  # what build_metrics' metrics log ("top1"), where it needs setup()
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None) -> None:

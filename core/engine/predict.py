@@ -128,6 +128,10 @@ def _record(item: Any, pred: Any) -> dict[str, Any]:
 
 
 def _predict_batch(task: Any, model: nn.Module, batch: list[Any], autocast) -> list[dict[str, Any]]:
+    row = next((item for item in batch if not isinstance(item, str)), None)
+    if row is not None and not getattr(task, "predict_rows", False):
+        raise TkError(f"task {task.name!r} predicts from text; the rows of a .jsonl input ({_label(row)}) go only to "
+                      f"tasks that read rows (sft); give the text itself, one input per line of a plain file")
     try:
         with torch.no_grad(), autocast():
             preds = task.predict(model, batch)

@@ -97,6 +97,7 @@ class SFTTask(Task):
     """Instruction / chat fine-tuning: the loss on what the assistant says."""
 
     name: ClassVar[str] = "sft"
+    predict_rows: ClassVar[bool] = True  # tk predict RUN rows.jsonl: a conversation per line, in any data format
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
     extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": TokenizerConfig, "generate": GenerateConfig}
@@ -300,8 +301,7 @@ class SFTTask(Task):
 
     # -- samples at each evaluation ------------------------------------------------------
     def eval_step(self, model: nn.Module, batch: dict[str, Any], ctx: EvalContext) -> StepOutput:
-        """The loss; on the first batch of each evaluation during training, also
-        ``generate.num_samples`` greedy replies to held-out val prompts, with their reference, in train.log."""
+        """The loss; at each evaluation in training also ``generate.num_samples`` replies in train.log."""
         key = (ctx.step, ctx.kind, ctx.index, ctx.key_prefix)
         sharded = self.cfg.train.strategy == "fsdp" and get_world_size() > 1  # a forward on one rank would hang
         if (self.gen_cfg.num_samples > 0 and ctx.kind != "standalone" and ctx.split == "val"  # training only

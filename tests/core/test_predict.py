@@ -166,3 +166,21 @@ def test_text_format_and_config_errors(image_run):
     assert typo.exit_code == 2 and "did you mean 'top_k'" in typo.stderr
     none = invoke("predict", run_dir)
     assert none.exit_code == 2 and "no inputs" in none.stderr
+
+
+def test_jsonl_rows_go_only_to_a_task_that_reads_rows(tmp_path):
+    """A .jsonl input's lines are rows (dicts): a task whose predict takes text refuses them in one line."""
+    from tk.core.engine.predict import _predict_batch
+    from tk.core.errors import TkError
+
+    class TextTask:
+        name = "text_only"
+
+        def predict(self, model, inputs):
+            return [{"out": " ".join(inputs)}]
+
+    import contextlib
+
+    with pytest.raises(TkError, match="'text_only' predicts from text; the rows of a .jsonl input"):
+        _predict_batch(TextTask(), None, [{"prompt": "hi"}], contextlib.nullcontext)
+    assert _predict_batch(TextTask(), None, ["hi"], contextlib.nullcontext)[0]["out"] == "hi"

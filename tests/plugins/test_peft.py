@@ -103,6 +103,10 @@ def test_an_adapter_peft_trained_loads_into_tk_and_is_written_back_byte_for_byte
     config = read_adapter(tmp_path / "adapter")
     section = adapter_lora(config, names, fam, cfg)
     assert (section.rank, section.alpha) == (4, 16.0)
+    everything = adapter_lora({**config, "target_modules": "all-linear"}, names, fam, cfg).targets
+    assert "model.layers.1.mlp.down_proj" in everything and "lm_head" not in everything
+    with pytest.raises(TkError, match="target_modules .* name no layer of this llama model"):
+        adapter_lora({**config, "target_modules": "encoder\\..*"}, names, fam, cfg)
     apply_lora(model, section.rank, section.alpha, 0.0, section.targets, section.trainable, names=names)
     assert load_adapter(model, names, fam, cfg, tmp_path / "adapter", str(folder)) == 3 * 2 * 2
     with torch.no_grad():

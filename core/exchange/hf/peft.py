@@ -189,8 +189,13 @@ def adapter_lora(config: Mapping[str, Any], names: Names, family: Family, cfg: T
     if config.get("use_rslora"):  # rank-stabilised: alpha / sqrt(r); tk scales by alpha / r
         alpha *= math.sqrt(r)
     targets = config.get("target_modules") or []
-    if isinstance(targets, str):  # a regular expression over the full names
+    if targets == "all-linear":  # PEFT's shorthand: every Linear but the output layer
+        targets = sorted(n for n in names if n != "lm_head")
+    elif isinstance(targets, str):  # a regular expression over the full names
         targets = sorted(n for n in names if re.fullmatch(targets, n))
+    if not targets:
+        raise TkError(f"{KEY}: the adapter's target_modules {config.get('target_modules')!r} name no layer of this "
+                      f"{family.name} model; it was made for another model")
     modules = {r_.hf[0].rsplit(".", 1)[0]: r_.tk.rsplit(".", 1)[0] for r_ in family.expanded(cfg.depth)
                if len(r_.hf) == 1}
     trainable = []
