@@ -49,7 +49,8 @@ TRANSFORMER_SHAPE_KEYS = ("dim", "depth", "encoder_depth", "decoder_depth", "num
                           "norm_bias", "pos_encoding", "max_len", "tie_embeddings", "share_embeddings", "head_dim",
                           "qkv_bias", "proj_bias", "mlp_bias", "qk_norm", "norm_weight_offset", "scale_embedding",
                           "rope_theta", "rope_scaling", "attn_scale", "attn_logit_softcapping",
-                          "final_logit_softcapping", "sandwich_norm", "sliding_window", "layer_types")
+                          "final_logit_softcapping", "sandwich_norm", "sliding_window", "layer_types",
+                          "sinusoid_layout", "pos_offset", "pad_aware_positions", "logits_bias")
 KEY = "model.pretrained_from"  # the recipe key every task uses for its pretrained source
 RECORD_FILE = "pretrained.json"  # task file: where the run's backbone came from and the shape it adopted
 

@@ -21,6 +21,9 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 NORMS = ("layernorm", "rmsnorm")
 POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "none")
+# interleaved: sin, cos, sin, ... (the 2017 paper, tk); split: all sines then all cosines (Marian);
+# fairseq: split, frequencies 10000^(-i / (D/2 - 1)) (tensor2tensor: fairseq, M2M100, NLLB)
+SINUSOID_LAYOUTS = ("interleaved", "split", "fairseq")
 POOLINGS = ("cls", "mean")
 
 
@@ -75,6 +78,10 @@ class TransformerConfig:
     sandwich_norm: bool = False  # pre-norm layers also normalise each sublayer's output before the residual add (Gemma 2)
     sliding_window: int | None = None  # causal self-attention sees only the last N positions, itself included (Mistral); None = all
     layer_types: list[str] | None = None  # per layer full_attention or sliding_attention (Gemma 2 alternates); None = sliding_window everywhere
+    sinusoid_layout: Literal["interleaved", "split", "fairseq"] = "interleaved"  # sinusoidal table: interleaved (tk), split [sin | cos] (Marian), fairseq (M2M100, NLLB)
+    pos_offset: int = 0  # the sinusoidal table starts at this position (M2M100/NLLB: 2, fairseq's pad + 1)
+    pad_aware_positions: bool = False  # encoder-decoder: source positions count real tokens only (fairseq, M2M100): a left-padded row gets what it gets alone
+    logits_bias: bool = False  # encoder-decoder: a fixed (1, V) bias added to the logits, a buffer not trained (Marian's final_logits_bias)
     lora: LoRAConfig | None = None  # low-rank adapters, the rest frozen (docs/lora.md); null: train every weight
 
     # -- derived values ----------------------------------------------------------------
@@ -137,7 +144,8 @@ class TransformerConfig:
             problems.append(f"{k('num_heads')} ({self.num_heads}) must be divisible by {k('num_kv_heads')} ({kv})")
         if not self.mlp_ratio > 0:
             problems.append(f"{k('mlp_ratio')} ({self.mlp_ratio}) must be > 0")
-        for name, allowed in (("activation", ACTIVATIONS), ("norm", NORMS), ("pos_encoding", POS_ENCODINGS)):
+        for name, allowed in (("activation", ACTIVATIONS), ("norm", NORMS), ("pos_encoding", POS_ENCODINGS),
+                              ("sinusoid_layout", SINUSOID_LAYOUTS)):
             if getattr(self, name) not in allowed:
                 problems.append(f"{k(name)} ({getattr(self, name)!r}) must be one of {', '.join(allowed)}")
         if not self.norm_eps > 0:
@@ -166,6 +174,8 @@ class TransformerConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 problems.append(f"{k(name)} ({value}) must be > 0 or null")
+        if self.pos_offset < 0:
+            problems.append(f"{k('pos_offset')} ({self.pos_offset}) must be >= 0")
         if not self.rope_theta > 0:
             problems.append(f"{k('rope_theta')} ({self.rope_theta}) must be > 0")
         problems += rope_scaling_problems(self.rope_scaling, k("rope_scaling"))
@@ -253,4 +263,4 @@ class ViTConfig(TransformerConfig):
         return problems
 
 
-ENCODER_DECODER_KEYS = ("encoder_depth", "decoder_depth", "share_embeddings")  # an encoder-decoder's own fields
+ENCODER_DECODER_KEYS = ("encoder_depth", "decoder_depth", "share_embeddings", "pad_aware_positions", "logits_bias")  # an encoder-decoder's own fields

@@ -22,22 +22,32 @@ from tk.core.nn.config import POS_ENCODINGS, TransformerConfig
 from tk.core.nn.rope import RotaryEmbedding  # noqa: F401  (its home before tk.core.nn.rope)
 
 
-def sinusoidal_table(num_pos: int, dim: int, offset: int = 0, device=None) -> Tensor:
+def sinusoidal_table(num_pos: int, dim: int, offset: int = 0, device=None, layout: str = "interleaved") -> Tensor:
     """Sinusoidal encodings for positions offset .. offset + num_pos - 1.
 
-    PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)).
-    An odd D drops the last cosine column.
+    ``interleaved`` (the paper): PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...);
+    an odd D drops the last cosine column. ``split`` (Marian): the same sines in the first
+    ceil(D/2) columns, the cosines after them. ``fairseq`` (tensor2tensor; M2M100, NLLB): split, with
+    frequencies 10000^(-i / (D/2 - 1)) and a zero column for an odd D.
 
     Returns:
         (num_pos, D) float32.
     """
-    return _sinusoids(torch.arange(offset, offset + num_pos, dtype=torch.float32, device=device), dim)
+    return _sinusoids(torch.arange(offset, offset + num_pos, dtype=torch.float32, device=device), dim, layout)
 
 
-def _sinusoids(pos: Tensor, dim: int) -> Tensor:
+def _sinusoids(pos: Tensor, dim: int, layout: str = "interleaved") -> Tensor:
     """Sinusoidal encodings of float positions of any shape (...) -> (..., D)."""
+    if layout == "fairseq":
+        half = dim // 2
+        freqs = torch.exp(torch.arange(half, device=pos.device).float() * -(math.log(10000.0) / max(half - 1, 1)))
+        angles = pos[..., None] * freqs
+        table = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        return F.pad(table, (0, dim - 2 * half))
     two_i = torch.arange(0, dim, 2, dtype=torch.float32, device=pos.device)
     angles = pos[..., None] / torch.pow(10000.0, two_i / dim)  # (..., ceil(D/2))
+    if layout == "split":
+        return torch.cat([angles.sin(), angles.cos()[..., : dim // 2]], dim=-1)
     table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # interleave sin, cos
     return table[..., :dim]
 
@@ -47,17 +57,24 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     The table is a non-persistent buffer of ``max_len`` rows (not a parameter, not saved).
     Positions beyond ``max_len`` are computed on the fly, so this encoding extrapolates to
-    any length.
+    any length. ``layout`` and ``first`` reproduce other codebases' tables (see
+    :func:`sinusoidal_table`): position p reads the row of p + ``first``.
     """
 
-    def __init__(self, dim: int, max_len: int = 5000) -> None:
+    def __init__(self, dim: int, max_len: int = 5000, layout: str = "interleaved", first: int = 0) -> None:
         """Args:
             dim: model width D.
             max_len: rows to precompute.
+            layout: "interleaved", "split" or "fairseq".
+            first: the table position of position 0 (M2M100: 2).
         """
         super().__init__()
-        self.dim, self.max_len = dim, max_len
-        self.register_buffer("pe", sinusoidal_table(max_len, dim), persistent=False)
+        self.dim, self.max_len, self.layout, self.first = dim, max_len, layout, first
+        self.register_buffer("pe", sinusoidal_table(max_len, dim, first, layout=layout), persistent=False)
+
+    def reset_buffers(self, device: torch.device | str = "cpu") -> None:
+        """The table computed again on ``device`` (a model built on the meta device)."""
+        self.pe = sinusoidal_table(self.max_len, self.dim, self.first, device=device, layout=self.layout)
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Args:
@@ -71,12 +88,13 @@ class SinusoidalPositionalEncoding(nn.Module):
         """
         T = x.shape[1]
         if positions is not None:  # bounded by offset + T: no device sync to pick the table
-            pe = self.pe[positions] if offset + T <= self.max_len else _sinusoids(positions.float(), self.dim)
+            pe = (self.pe[positions] if offset + T <= self.max_len
+                  else _sinusoids((positions + self.first).float(), self.dim, self.layout))
             return x + pe.to(x.dtype)
         if offset + T <= self.max_len:
             pe = self.pe[offset : offset + T]
         else:
-            pe = sinusoidal_table(T, self.dim, offset, device=x.device)
+            pe = sinusoidal_table(T, self.dim, offset + self.first, device=x.device, layout=self.layout)
         return x + pe.to(x.dtype)
 
 
@@ -156,7 +174,7 @@ def build_positions(cfg: TransformerConfig) -> nn.Module | None:
         ValueError: on an unknown kind.
     """
     if cfg.pos_encoding == "sinusoidal":
-        return SinusoidalPositionalEncoding(cfg.dim, cfg.max_len)
+        return SinusoidalPositionalEncoding(cfg.dim, cfg.max_len, cfg.sinusoid_layout, cfg.pos_offset)
     if cfg.pos_encoding == "learned":
         return LearnedPositionalEmbedding(cfg.max_len, cfg.dim)
     if cfg.pos_encoding in ("rotary", "none"):

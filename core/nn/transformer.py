@@ -17,6 +17,7 @@ decoder's layers after the encoder's, the output projection and last norm ``num_
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from tk.core.nn.blocks import DecoderLayer, EncoderLayer
@@ -145,6 +146,13 @@ class EncoderDecoder(nn.Module):
             self.lm_head.weight = self.tgt_embed.weight
         else:
             nn.init.normal_(self.lm_head.weight, std=cfg.dim**-0.5)
+        self.pad_aware_positions = cfg.pad_aware_positions
+        # Marian's final_logits_bias: saved with the weights, never trained (a buffer, as there)
+        self.logits_bias = nn.Buffer(torch.zeros(1, tgt_vocab_size)) if cfg.logits_bias else None
+
+    def _logits(self, x: Tensor) -> Tensor:
+        logits = self.lm_head(x)
+        return logits if self.logits_bias is None else logits + self.logits_bias.to(logits.dtype)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Activation checkpointing of every encoder and decoder layer in training (see
@@ -170,9 +178,15 @@ class EncoderDecoder(nn.Module):
         """(B, Ts) bool padding mask of ``src`` from ``pad_id``, or None without a pad_id."""
         return None if self.pad_id is None else padding_mask(src, self.pad_id)
 
-    def _embed(self, tokens: Tensor, embed: nn.Module, pos: nn.Module | None, offset: int) -> Tensor:
+    def _embed(self, tokens: Tensor, embed: nn.Module, pos: nn.Module | None, offset: int,
+               padding: Tensor | None = None) -> Tensor:
         x = embed(tokens)  # (B, T, D)
-        return self.embed_drop(x if pos is None else pos(x, offset))
+        if pos is None:
+            return self.embed_drop(x)
+        if padding is not None and self.pad_aware_positions:  # count real tokens only (fairseq)
+            positions = ((~padding).long().cumsum(1) - 1).clamp(min=0)
+            return self.embed_drop(pos(x, offset, positions))
+        return self.embed_drop(pos(x, offset))
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
         """Run the encoder once per source batch.
@@ -186,7 +200,7 @@ class EncoderDecoder(nn.Module):
         """
         if src_key_padding_mask is None:
             src_key_padding_mask = self.src_key_padding_mask(src)
-        x = self._embed(src, self.src_embed, self.src_pos, 0)
+        x = self._embed(src, self.src_embed, self.src_pos, 0, src_key_padding_mask)
         return self.encoder(x, key_padding_mask=src_key_padding_mask)
 
     def decode(
@@ -204,7 +218,7 @@ class EncoderDecoder(nn.Module):
             x, memory, key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
             is_causal=True,
         )
-        return self.lm_head(x)
+        return self._logits(x)
 
     def forward(
         self, src: Tensor, tgt: Tensor, src_key_padding_mask: Tensor | None = None,
@@ -254,7 +268,7 @@ class EncoderDecoder(nn.Module):
         offset = cache.length if pos_offset is None else pos_offset
         x = self._embed(tokens_new, self.tgt_embed, self.tgt_pos, offset)
         x = self.decoder(x, memory, memory_key_padding_mask=memory_key_padding_mask, is_causal=True, cache=cache)
-        return self.lm_head(x)
+        return self._logits(x)
 
     def reorder_cache(self, cache: DecoderCache, beam_indices: Tensor) -> DecoderCache:
         """Beam search: row i of every layer's cache becomes old row ``beam_indices[i]``.

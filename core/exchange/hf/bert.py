@@ -49,7 +49,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "
 # what the converter and the tokenizer loader read (not the TF/ONNX/Flax copies a hub repo may hold)
 _HUB_FILES = ["config.json", "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
               "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "generation_config.json", "chat_template.jinja", "vocab.txt"]
+              "generation_config.json", "chat_template.jinja", "vocab.txt", "source.spm", "target.spm", "vocab.json"]
 
 
 def is_hub_id(spec: str | Path) -> bool:

@@ -54,6 +54,10 @@ class Family:
         to_hf: the inverse of ``to_tk`` for export -> (keys, problems).
         top: rows outside the layers; layer: rows of layer ``{i}``, under ``tk_layer`` / ``hf_layer``.
         ignore: name suffixes of tensors that hold no weights (GPT-2's causal-mask buffers).
+        aliases: names that hold copies of the token embedding (``top``'s first row) in a tied
+            model; where a file has them they must equal it (a tied head, Marian's embed_tokens).
+        encoder_layer: seq2seq families: rows of encoder layer ``{i}`` under ``tk_encoder_layer`` /
+            ``hf_encoder_layer`` (``layer`` is then the decoder's).
     """
 
     name: str
@@ -68,13 +72,27 @@ class Family:
     tk_layer: str = "decoder.layers.{i}."
     hf_layer: str = "model.layers.{i}."
     ignore: tuple[str, ...] = field(default=())
+    aliases: tuple[str, ...] = ("lm_head.weight",)
+    encoder_layer: tuple[Row, ...] = field(default=())
+    tk_encoder_layer: str = "encoder.layers.{i}."
+    hf_encoder_layer: str = "model.encoder.layers.{i}."
 
-    def expanded(self, depth: int) -> list[Row]:
-        """Every row with full names for a model of ``depth`` layers."""
+    def depths(self, cfg: TransformerConfig) -> int | tuple[int, int]:
+        """The layer counts :meth:`expanded` takes for a model of ``cfg``."""
+        if self.encoder_layer:
+            return cfg.encoder_depth or cfg.depth, cfg.decoder_depth or cfg.depth
+        return cfg.depth
+
+    def expanded(self, depth: int | tuple[int, int]) -> list[Row]:
+        """Every row with full names for a model of ``depth`` layers ((encoder, decoder) layers
+        for a seq2seq family)."""
+        encoder, decoder = depth if isinstance(depth, tuple) else (0, depth)
         out = list(self.top)
-        for i in range(depth):
-            tk, hf = self.tk_layer.format(i=i), self.hf_layer.format(i=i)
-            out += [Row(tk + r.tk, tuple(hf + n for n in r.hf), r.transpose) for r in self.layer]
+        for layer, tk_name, hf_name, n in ((self.encoder_layer, self.tk_encoder_layer, self.hf_encoder_layer, encoder),
+                                           (self.layer, self.tk_layer, self.hf_layer, decoder)):
+            for i in range(n):
+                tk, hf = tk_name.format(i=i), hf_name.format(i=i)
+                out += [Row(tk + r.tk, tuple(hf + n for n in r.hf), r.transpose) for r in layer]
         return out
 
 
@@ -133,7 +151,7 @@ def _split_sizes(row: Row, t: torch.Tensor, cfg: TransformerConfig) -> list[int]
     return [t.shape[0] // len(row.hf)] * len(row.hf)  # gate, up
 
 
-def plan_import(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int,
+def plan_import(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int | tuple[int, int],
                 tied: bool) -> dict[str, Row]:
     """Which family tensors make each tk tensor ``own`` names, every name checked before any data
     is read (shapes are checked as each is read, :func:`read_tensor`).
@@ -159,19 +177,21 @@ def plan_import(family: Family, files: Any, own: Mapping[str, torch.Tensor], dep
         plan[name] = row
     used = {n for row in plan.values() for n in row.hf}
     left = [n for n in files.names() if n not in used and not n.endswith(family.ignore)]
-    if tied and "lm_head.weight" in left:  # a redundant copy of the tied head (Qwen1.5 uploads)
-        embed = plan["tok_embed.weight"].hf[0]
-        if not torch.equal(files.get("lm_head.weight").to(files.file_dtype(embed)), files.get(embed)):
-            raise TkError(f"{KEY}: config.json ties the head to the embedding (tie_word_embeddings) but the file's "
-                          f"lm_head.weight differs from it; set tie_word_embeddings false in config.json or fix the file")
-        left.remove("lm_head.weight")
+    for alias in family.aliases if tied else ():  # redundant copies of a tied embedding (Qwen1.5, old Marian files)
+        if alias not in left:
+            continue
+        embed = family.top[0].hf[0]
+        if not torch.equal(files.get(alias).to(files.file_dtype(embed)), files.get(embed)):
+            raise TkError(f"{KEY}: config.json ties the embeddings (tie_word_embeddings) but the file's {alias} "
+                          f"differs from {embed}; set tie_word_embeddings false in config.json or fix the file")
+        left.remove(alias)
     if left:
         raise TkError(f"{KEY}: {files.folder} holds {len(left)} tensors the {family.name} mapping does not know "
                       f"({', '.join(left[:3])}); tk would drop them, so it refuses")
     return plan
 
 
-def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int, tied: bool,
+def import_state(family: Family, files: Any, own: Mapping[str, torch.Tensor], depth: int | tuple[int, int], tied: bool,
                  dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """The tk state dict of a family checkpoint: each tk tensor ``own`` names (shapes checked),
     read from ``files`` (:class:`~tk.core.exchange.hf.folder.WeightFiles`) one at a time and cast
@@ -211,7 +231,8 @@ def export_state(family: Family, sd: Mapping[str, torch.Tensor], cfg: Transforme
     """The family's tensors of a tk state dict (the inverse of :func:`import_state`); a tied head
     (absent from ``sd``) is left out, as transformers saves it."""
     out = {}
-    for row in family.expanded(cfg.depth):
+    table = family.expanded(family.depths(cfg))
+    for row in table:
         if row.tk not in sd:
             continue
         t = sd[row.tk]
@@ -221,7 +242,7 @@ def export_state(family: Family, sd: Mapping[str, torch.Tensor], cfg: Transforme
         else:
             for name, part in zip(row.hf, t.split(_split_sizes(row, t, cfg))):
                 out[name] = part.contiguous()
-    unmapped = [k for k in sd if k not in {r.tk for r in family.expanded(cfg.depth)}]
+    unmapped = [k for k in sd if k not in {r.tk for r in table}]
     if unmapped:
         raise TkError(f"--format hf: tk tensors {unmapped[:3]} have no {family.name} counterpart; export --format "
                       f"safetensors instead")

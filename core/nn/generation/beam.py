@@ -45,10 +45,15 @@ class _Finished:
 
         Log-probs only fall as a beam grows, so its best reachable score is its current
         log-prob divided by the next or the largest length (whichever is better for alpha).
+        ``beam_stop="heuristic"`` divides by its current length instead (transformers' default,
+        ``early_stopping=False``: it may stop before a longer beam would have won).
         """
         best = open_log_probs.max(dim=1).values  # (B,)
         alpha = cfg.length_penalty
-        bound = torch.maximum(best / (step + 2).clamp(min=1).float() ** alpha, best / float(cfg.max_len) ** alpha)
+        if cfg.beam_stop == "heuristic":
+            bound = best / (step + 1).clamp(min=1).float() ** alpha
+        else:
+            bound = torch.maximum(best / (step + 2).clamp(min=1).float() ** alpha, best / float(cfg.max_len) ** alpha)
         worst = self.scores[:, -1]
         return (worst > NEG_INF) & (bound <= worst)
 

@@ -37,6 +37,9 @@ class GenerationConfig:
     eos_id: int | None = None  # token that ends a sequence; None = always generate max_len tokens
     eos_ids: list[int] | None = None  # more tokens that end a sequence (Llama 3 Instruct's <|eot_id|> beside <|end_of_text|>)
     pad_id: int | None = None  # fills positions after EOS and pads LM prompts; None = model.pad_id
+    forced_bos_id: int | None = None  # the first generated token, forced (NLLB, mBART: the target language code)
+    forced_eos: bool = False  # the last allowed token (the max_len-th) is eos_id, forced (Marian's forced_eos_token_id)
+    beam_stop: Literal["bound", "heuristic"] = "bound"  # beam: stop an input once no open beam can beat its K finished ones at any length up to max_len (bound) or at its current length (heuristic: transformers' default)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -68,7 +71,16 @@ class GenerationConfig:
             problems.append(f"{prefix}.top_k ({self.top_k}) must be >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
             problems.append(f"{prefix}.top_p ({self.top_p}) must be in (0, 1] (1 = off)")
+        if self.forced_eos and self.eos_id is None:
+            problems.append(f"{prefix}.forced_eos needs {prefix}.eos_id (the token it forces)")
+        if self.beam_stop not in ("bound", "heuristic"):
+            problems.append(f"{prefix}.beam_stop ({self.beam_stop!r}) must be 'bound' or 'heuristic'")
         return problems
+
+    @property
+    def forces(self) -> bool:
+        """Whether some position has a forced token (:func:`force_tokens`)."""
+        return self.forced_bos_id is not None or self.forced_eos
 
 
 @dataclass
@@ -220,6 +232,23 @@ def next_log_probs(logits: Tensor, step: Tensor, cfg: GenerationConfig, pad: int
         block = (step >= 0) & (step < cfg.min_len)
         for eos in cfg.stop_ids:
             logp[:, eos] = logp[:, eos].masked_fill(block, NEG_INF)
+    return force_tokens(logp, step, cfg) if cfg.forces else logp
+
+
+def force_tokens(logp: Tensor, step: Tensor | int, cfg: GenerationConfig) -> Tensor:
+    """transformers' forced tokens, in place: rows at their first generated token (``step`` 0)
+    can only take ``forced_bos_id``, rows at their last allowed one (``max_len - 1``) only EOS;
+    the forced token gets log-prob 0, as there. ``logp`` (R, V); ``step`` (R,) or one int for all."""
+    for token, at in ((cfg.forced_bos_id, 0), (cfg.eos_id if cfg.forced_eos else None, cfg.max_len - 1)):
+        if token is None:
+            continue
+        forced = torch.full_like(logp[0], NEG_INF)
+        forced[token] = 0.0
+        if isinstance(step, int):
+            if step == at:
+                logp.copy_(forced.expand_as(logp))
+        else:
+            logp.copy_(torch.where(step.eq(at)[:, None], forced, logp))
     return logp
 
 

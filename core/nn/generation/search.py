@@ -51,6 +51,7 @@ from tk.core.nn.generation.decoding import (
     GenerationOutput,
     generated_window,
     init_seqs,
+    force_tokens,
     normalise,
     sample_next,
 )
@@ -174,6 +175,8 @@ def _decode_single(
         logp = logits.float().log_softmax(dim=-1)  # one fused kernel; masks come after it (model's log-probs)
         if masking:
             _mask_in_place(logp, p, lengths, longest, cfg, pad)
+        if cfg.forces:
+            force_tokens(logp, p - start if start == longest else p - lengths, cfg)
         if pick is None:  # greedy: one max() gives the token and its log-prob
             if forcing:
                 best, tok = logp.max(dim=-1)
