@@ -60,6 +60,7 @@ setup(
         "webdataset>=0.2",  # image_classification data.source: webdataset (its tar shard format; braceexpand)
         "optuna>=4.0",  # tk sweep: samplers, pruners, journal/RDB storage of a study
         "jinja2>=3.1.6",  # chat templates (tk.core.text.chat), rendered as transformers does; 3.1.6 closes sandbox escapes
+        "sentencepiece>=0.2",  # Marian/opus-mt translators ship SentencePiece models (source.spm, target.spm), no tokenizer.json
     ],
     extras_require={
         "test": ["pytest>=7.4", "pytest-xdist>=3.0", "transformers>=4.40", "tensorboard>=2.14", "onnx>=1.16", "onnxscript>=0.2",

@@ -58,15 +58,17 @@ def _hf(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
     if tokenizer is not None and '"model"' not in tokenizer:  # an old char table, not a tokenizers file
         tokenizer = None
     max_len = config.get("max_position_embeddings") or config.get("n_positions")
-    kept = {n: task.files.read_text(n) for n in KEPT_FILES if task.files.exists(n)} \
+    kept = {n: task.files.path(n).read_bytes() for n in KEPT_FILES if task.files.exists(n)} \
         if task.files.exists(HF_SOURCE_CONFIG) else None
     files = write_hf_folder(out, config, state, tokenizer, max_len, meta, kept)
     arch = config["architectures"][0]
     auto = "AutoModelForSequenceClassification" if "SequenceClassification" in arch else \
-        "AutoModelForMaskedLM" if "MaskedLM" in arch else "AutoModelForCausalLM"
+        "AutoModelForMaskedLM" if "MaskedLM" in arch else \
+        "AutoModelForSeq2SeqLM" if config.get("is_encoder_decoder") else "AutoModelForCausalLM"
     how = (f"```python\nfrom transformers import AutoTokenizer, {auto}\n"
            f"model = {auto}.from_pretrained('PATH')  # {config['architectures'][0]}\n"
-           + ("tokenizer = AutoTokenizer.from_pretrained('PATH')\n" if tokenizer else "") + "```")
+           + ("tokenizer = AutoTokenizer.from_pretrained('PATH')\n" if tokenizer or "vocab.json" in files else "")
+           + "```")
     return files, how
 
 

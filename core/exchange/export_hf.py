@@ -38,7 +38,8 @@ from tk.core.nn.transformer import DecoderOnlyLM
 __all__ = ["bert_export", "bert_mlm_export", "hf_export", "lm_export", "write_hf_folder"]
 
 HF_SOURCE_CONFIG = "hf_config.json"  # task file of a run started from a Hugging Face model: its config.json
-KEPT_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
+KEPT_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",
+              "source.spm", "target.spm", "vocab.json")  # the last three: Marian's tokenizer
 _SPECIALS = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]",
              "mask_token": "[MASK]"}
 
@@ -250,7 +251,7 @@ def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:
 
 
 def write_hf_folder(out: Path, config: dict, state: dict[str, Tensor], tokenizer_json: str | None,
-                    max_len: int, metadata: dict[str, str] | None = None, kept: dict[str, str] | None = None
+                    max_len: int, metadata: dict[str, str] | None = None, kept: dict[str, str | bytes] | None = None
                     ) -> list[str]:
     """Write ``config.json``, ``model.safetensors`` and (given a tokenizer) ``tokenizer.json`` +
     ``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``) into ``out``; a causal LM also
@@ -265,8 +266,8 @@ def write_hf_folder(out: Path, config: dict, state: dict[str, Tensor], tokenizer
         if tokenizer_json is not None:
             (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
             files.append("tokenizer.json")
-        for name, text in kept.items():
-            (out / name).write_text(text, encoding="utf-8")
+        for name, data in kept.items():
+            (out / name).write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
             files.append(name)
         return files
     specials = _special_tokens(config, tokenizer_json) if tokenizer_json is not None else {}

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -53,8 +53,31 @@ class DataConfig:
     seed: int = 0  # synthetic/reverse: seed of the pairs (the grammar is fixed)
     max_len: int = 128  # pairs with more tokens on either side (BOS/EOS included) are dropped
     max_tokens: int = 4096  # padded tokens per batch (token-budget batching by length)
+    src_code: str | None = None  # a pretrained translator's source language code (NLLB: eng_Latn); null = none
+    tgt_code: str | None = None  # its target language code (NLLB: deu_Latn; multilingual opus-mt: >>deu<<); null = none
     streaming: bool = False  # files/tsv/jsonl/hf: read the train pairs in order as they come (train.batch_size pairs a batch; a pass counts them) instead of holding them in memory; resumes at the batch
     shuffle_buffer: int = 10000  # streaming: train pairs shuffled together
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a pair becomes ids: source ``src_prefix + ids + [eos]``, target ``[bos] + tgt_prefix +
+    ids + [eos]`` (``bos`` is the decoder's first token: Marian's pad, NLLB's ``</s>``)."""
+
+    pad: int
+    bos: int
+    eos: int
+    src_prefix: tuple[int, ...] = ()
+    tgt_prefix: tuple[int, ...] = ()
+    forced_bos: int | None = None  # the first generated token (NLLB: the target language code)
+    forced_eos: bool = False  # the last allowed token is EOS (transformers' forced_eos_token_id)
+    generation: dict[str, Any] = field(default_factory=dict)  # the model's generation_config.json
+
+    @classmethod
+    def of(cls, tok: TextTokenizer) -> Framing:
+        """A tokenizer tk trained: ``<s>`` starts the decoder, no language codes."""
+        pad, bos, eos = (tok.token_id(s) for s in SPECIALS[:3])
+        return cls(pad, bos, eos)
 
 
 def read_jsonl(path: str, src_lang: str, tgt_lang: str, key: str = "data.train_prefix") -> list[Pair]:
@@ -116,12 +139,15 @@ def read_pairs(cfg: DataConfig, split: str) -> list[Pair]:
 
 
 def encode_pairs(pairs: Iterable[Pair], src_tok: TextTokenizer, tgt_tok: TextTokenizer, max_len: int,
-                 dropped: dict[str, int] | None = None, chunk: int = 1000) -> Iterator[tuple[list[int], list[int], Pair]]:
-    """``(source ids + EOS, BOS + target ids + EOS, the stripped pair)`` of the pairs kept: one
-    with an empty side is dropped (counted in ``dropped["empty"]``), one with more than
-    ``max_len`` tokens on either side too (``dropped["too_long"]``). Encoded ``chunk`` pairs at a time."""
+                 dropped: dict[str, int] | None = None, chunk: int = 1000,
+                 framing: Framing | None = None) -> Iterator[tuple[list[int], list[int], Pair]]:
+    """``(source ids + EOS, BOS + target ids + EOS, the stripped pair)`` of the pairs kept (framed
+    by ``framing``: language codes, the decoder's first token): one with an empty side is dropped
+    (counted in ``dropped["empty"]``), one with more than ``max_len`` tokens on either side too
+    (``dropped["too_long"]``). Encoded ``chunk`` pairs at a time."""
     dropped = {"empty": 0, "too_long": 0} if dropped is None else dropped
-    bos, eos = tgt_tok.token_id(BOS), tgt_tok.token_id(EOS)
+    f = framing or Framing.of(tgt_tok)
+    src_prefix, tgt_prefix, eos = list(f.src_prefix), [f.bos, *f.tgt_prefix], f.eos
     it = iter(pairs)
     while batch := list(islice(it, chunk)):
         kept = [(s.strip(), t.strip()) for s, t in batch]
@@ -130,7 +156,7 @@ def encode_pairs(pairs: Iterable[Pair], src_tok: TextTokenizer, tgt_tok: TextTok
         src_ids = src_tok.encode_batch([s for s, _ in nonempty], add_special_tokens=False).ids
         tgt_ids = tgt_tok.encode_batch([t for _, t in nonempty], add_special_tokens=False).ids
         for pair, si, ti in zip(nonempty, src_ids, tgt_ids):
-            si, ti = si + [eos], [bos] + ti + [eos]
+            si, ti = src_prefix + si + [eos], tgt_prefix + ti + [eos]
             if len(si) > max_len or len(ti) > max_len:
                 dropped["too_long"] += 1
                 continue
@@ -146,11 +172,12 @@ class ParallelDataset(Dataset):
     on either side, BOS/EOS included, is dropped (``"too_long"``).
     """
 
-    def __init__(self, pairs: list[Pair], src_tok: TextTokenizer, tgt_tok: TextTokenizer, max_len: int) -> None:
+    def __init__(self, pairs: list[Pair], src_tok: TextTokenizer, tgt_tok: TextTokenizer, max_len: int,
+                 framing: Framing | None = None) -> None:
         self.src, self.tgt = [], []  # token ids: source + EOS, BOS + target + EOS
         self.sources, self.refs = [], []  # the raw (stripped) texts
         self.dropped = {"empty": 0, "too_long": 0}
-        for si, ti, (s, t) in encode_pairs(pairs, src_tok, tgt_tok, max_len, self.dropped, chunk=max(len(pairs), 1)):
+        for si, ti, (s, t) in encode_pairs(pairs, src_tok, tgt_tok, max_len, self.dropped, max(len(pairs), 1), framing):
             self.src.append(si)
             self.tgt.append(ti)
             self.sources.append(s)
@@ -180,22 +207,22 @@ class PairItems:
 
 
 def _encoded(cfg: DataConfig, split: str, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
-             lowercase: bool) -> Iterator[tuple[list[int], list[int], Pair]]:
+             lowercase: bool, framing: Framing | None) -> Iterator[tuple[list[int], list[int], Pair]]:
     pairs = iter_pairs(cfg, split, streaming=True)
     if lowercase:
         pairs = ((s.lower(), t.lower()) for s, t in pairs)
-    return encode_pairs(pairs, src_tok, tgt_tok, cfg.max_len)
+    return encode_pairs(pairs, src_tok, tgt_tok, cfg.max_len, framing=framing)
 
 
 def pair_stream(cfg: DataConfig, split: str, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
-                lowercase: bool) -> StreamingDataset:
+                lowercase: bool, framing: Framing | None = None) -> StreamingDataset:
     """``split``'s pairs read in order (``data.streaming``), filtered as :class:`ParallelDataset`
     filters them; one pass counts the pairs kept.
 
     Raises:
         TkError: no pair is kept.
     """
-    source = IterSource(partial(_encoded, cfg, split, src_tok, tgt_tok, lowercase))
+    source = IterSource(partial(_encoded, cfg, split, src_tok, tgt_tok, lowercase, framing))
     if not len(source):
         raise TkError(f"the {split} split has no usable pairs (empty, or all longer than data.max_len="
                       f"{cfg.max_len} tokens); check the data or raise data.max_len")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from tk.core.nn.config import TransformerConfig
 
@@ -19,4 +20,6 @@ class ModelConfig(TransformerConfig):
     max_len: int = 256  # positions (tokens) per sequence
     tie_embeddings: bool = True  # output projection = target embedding
     share_embeddings: bool = True  # one embedding for source and target (needs tokenizer.joint)
+    pretrained_from: str | None = None  # a Hugging Face translator (Marian/opus-mt or NLLB save_pretrained folder, or hub id): its shape, weights, tokenizers and decoding settings; null = train from scratch
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"  # weights of a pretrained translator: float32 master weights (fine-tuning); bfloat16/auto keep a half-precision file as it is (translation, eval, LoRA)
 

@@ -3,6 +3,7 @@ encoder-decoder, label-smoothed training, greedy/beam decoding and sacreBLEU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,8 @@ from torch.utils.data import DataLoader
 from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.data.samplers import TokenBudgetBatchSampler
 from tk.core.errors import TkError
+from tk.core.exchange.hf.seq2seq import export_seq2seq
+from tk.core.exchange.pretrained import TRANSFORMER_SHAPE_KEYS, adopt_shape, read_record
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.generation import GenerationConfig, generate
@@ -25,9 +28,10 @@ from tk.core.nn.transformer import EncoderDecoder
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.core.text import Perplexity, TextTokenizer
+from tk.plugins.translation.checks import config_problems, user_set
 from tk.plugins.translation.data import (
-    SPECIALS,
     DataConfig,
+    Framing,
     ParallelDataset,
     TokenizerConfig,
     collate_pairs,
@@ -37,9 +41,16 @@ from tk.plugins.translation.data import (
 )
 from tk.plugins.translation.metrics import CorpusBleu
 from tk.plugins.translation.model import ModelConfig
+from tk.plugins.translation.pretrained import (
+    Translator,
+    framing_of,
+    saved_generation,
+    saved_tokenizers,
+)
 
 JOINT_FILE, SRC_FILE, TGT_FILE = "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json"
 log = logging.getLogger(__name__)
+DROPOUTS = ("dropout", "attn_dropout", "mlp_dropout")
 DATA_REPORT = "data_report.json"  # task file: pairs kept / dropped per split
 
 
@@ -77,8 +88,6 @@ class TranslationTask(Task):
         "data.hf_val_split": "was renamed to data.hf_split, a mapping of tk split to dataset split; write "
                              "`data: {hf_split: {train: train, val: validation, test: test}}`",
         "train.best_metric=val/ppl": "train.best_metric=val/perplexity",
-        "model.pretrained_from": "is not supported yet for translation (a text encoder run cannot seed the "
-                                 "encoder-decoder); remove it to train from scratch",
     }
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
@@ -89,56 +98,60 @@ class TranslationTask(Task):
         self.src_tok: TextTokenizer | None = None
         self.tgt_tok: TextTokenizer | None = None  # the same object as src_tok when joint
         self.pad_id = self.bos_id = self.eos_id = -1  # the specials' ids, set by setup
+        self.framing: Framing | None = None  # how a pair becomes ids (set by setup)
+        self.hf: Translator | None = None  # model.pretrained_from's translator (a fresh run only)
         self._datasets: dict[str, ParallelDataset] = {}
         self.tokenizer_trained = False  # True only where this process trained the tokenizer(s) (not given ones)
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[str]:
-        data, tok = cfg.sections["data"], cfg.sections.get("tokenizer") or TokenizerConfig()
-        model, dec = cfg.sections["model"], cfg.sections.get("decode") or DecodeConfig()
-        problems = []
-        if model.share_embeddings and not tok.joint:
-            problems.append("model.share_embeddings: needs one joint vocabulary; set tokenizer.joint=true "
-                            "or model.share_embeddings=false")
-        if tok.path is not None and not tok.joint:
-            problems.append("tokenizer.path: a given tokenizer.json is one joint vocabulary; set tokenizer.joint=true")
-        if data.max_len < 3:
-            problems.append(f"data.max_len ({data.max_len}) must be >= 3 (BOS, a token, EOS)")
-        if data.max_tokens < data.max_len:
-            problems.append(f"data.max_tokens ({data.max_tokens}) must be >= data.max_len ({data.max_len}), "
-                            f"or the longest pairs fit in no batch")
-        if data.max_len > model.max_len:
-            problems.append(f"data.max_len ({data.max_len}) must be <= model.max_len ({model.max_len})")
-        if data.streaming and data.source in ("synthetic", "reverse"):
-            problems.append(f"data.streaming is for data.source files, tsv, jsonl or hf (the {data.source} pairs are "
-                            f"generated in memory)")
-        if data.shuffle_buffer < 1:
-            problems.append(f"data.shuffle_buffer ({data.shuffle_buffer}) must be >= 1")
-        if data.source == "hf" and not data.hf_name:
-            problems.append("data.hf_name: data.source: hf needs a dataset, e.g. wmt14 (and data.hf_config: de-en)")
-        if set(data.hf_split) - {"train", "val", "test"}:
-            problems.append(f"data.hf_split: keys must be among train, val, test; got {sorted(data.hf_split)}")
-        if data.source in ("synthetic", "reverse") and min(data.num_train, data.num_val) < 1:
-            problems.append(f"data.num_train ({data.num_train}) and data.num_val ({data.num_val}) must be >= 1")
-        if tok.vocab_size < 8:
-            problems.append(f"tokenizer.vocab_size ({tok.vocab_size}) must be >= 8")
-        if dec.beam_size < 1 or dec.bleu_every < 0 or dec.batch_size < 1:
-            problems.append("decode.beam_size and decode.batch_size must be >= 1, decode.bleu_every >= 0")
-        if dec.periodic_beam_size is not None and dec.periodic_beam_size < 1:
-            problems.append(f"decode.periodic_beam_size ({dec.periodic_beam_size}) must be >= 1 or null")
-        best = cfg.train.best_metric or ""
-        if best.endswith(("/bleu", "/chrf")) and dec.bleu_every != 1:
-            problems.append(f"train.best_metric ({best!r}) needs BLEU on every evaluation: set decode.bleu_every=1 "
-                            f"(now {dec.bleu_every}) or best_metric: val/loss")
-        smoothing = (cfg.sections.get("loss") or LossConfig()).label_smoothing
-        if not 0.0 <= smoothing < 1.0:
-            problems.append(f"loss.label_smoothing ({smoothing}) must be in [0, 1)")
-        return problems
+        return config_problems(cfg, DecodeConfig(), LossConfig(), TokenizerConfig())
+
+    @classmethod
+    def check_fresh_run(cls, cfg: Any) -> list[str]:
+        """A ``model.pretrained_from`` translator: readable, of a family tk maps, its tokenizer
+        files present, the language codes known, ``data.max_len`` within its positions."""
+        if cfg.sections["model"].pretrained_from is None:
+            return []
+        try:
+            cls(cfg)._open_hf(write=False)
+        except TkError as e:
+            return [str(e)]
+        return []
+
+    def _open_hf(self, write: bool) -> None:
+        """The translator of ``model.pretrained_from``: its shape (recipe keys must agree), tokenizers, framing."""
+        self.hf = Translator(self.model_cfg.pretrained_from)
+        self.model_cfg = adopt_shape(self.model_cfg, self.hf.fields, TRANSFORMER_SHAPE_KEYS, self.cfg.given)
+        self.model_cfg = dataclasses.replace(self.model_cfg, **{  # the model's own dropouts where the recipe sets none
+            k: self.hf.fields[k] for k in DROPOUTS if k in self.hf.fields and not user_set(self.cfg, "model", self.model_cfg, k)})
+        if self.data.max_len > self.model_cfg.max_len:
+            raise TkError(f"data.max_len ({self.data.max_len}) exceeds the model's {self.model_cfg.max_len} positions "
+                          f"(config.json max_position_embeddings); lower data.max_len")
+        self._use(*self.hf.tokenizers(), self.hf.config, self.hf.generation())
+        if write:
+            self.hf.keep_files(self.files, {k: getattr(self.model_cfg, k) for k in TRANSFORMER_SHAPE_KEYS + DROPOUTS})
+
+    def _use(self, src_tok: Any, tgt_tok: Any, config: dict, generation: dict) -> None:
+        self.src_tok, self.tgt_tok = src_tok, tgt_tok
+        self.framing = framing_of(config, generation, src_tok, self.data.src_code, self.data.tgt_code)
+        self.pad_id, self.bos_id, self.eos_id = self.framing.pad, self.framing.bos, self.framing.eos
+        gen = self.framing.generation  # the model's decoding where the recipe is silent
+        found = {"beam_size": gen.get("num_beams"), "length_penalty": gen.get("length_penalty")}
+        self.decode_cfg = dataclasses.replace(self.decode_cfg, **{
+            k: v for k, v in found.items() if v is not None and not user_set(self.cfg, "decode", self.decode_cfg, k)})
 
     # -- tokenizers ------------------------------------------------------------------
     def setup(self, resume: bool = False) -> None:
         """Train the tokenizer(s) on the train split and save them as task files (fresh
         run), or load the saved ones (resume, eval, translate: never retrained)."""
+        record = read_record(self.files) if self.run_dir is not None else None
+        if not resume and self.model_cfg.pretrained_from is not None:  # every rank: each loads the weights
+            return self._open_hf(write=True)
+        if record is not None and str(record.get("task", "")).startswith("hf:"):  # resume, eval, translate
+            self.model_cfg = dataclasses.replace(self.model_cfg, **record["model"])
+            config = json.loads(self.files.read_text("hf_config.json"))
+            return self._use(*saved_tokenizers(self.files), config, saved_generation(self.files))
         names = [JOINT_FILE] if self.tok_cfg.joint else [SRC_FILE, TGT_FILE]
         if all(self.files.exists(n) for n in names) and self.run_dir is not None:
             toks = [TextTokenizer.from_str(self.files.read_text(n), str(self.files.path(n))) for n in names]
@@ -152,7 +165,8 @@ class TranslationTask(Task):
                 for name, tok in zip(names, toks):
                     self.files.write_text(name, tok.to_str())
         self.src_tok, self.tgt_tok = toks[0], toks[-1]
-        self.pad_id, self.bos_id, self.eos_id = (self.tgt_tok.token_id(s) for s in SPECIALS[:3])  # <pad> <s> </s>
+        self.framing = Framing.of(self.tgt_tok)  # <pad> <s> </s>
+        self.pad_id, self.bos_id, self.eos_id = self.framing.pad, self.framing.bos, self.framing.eos
 
     def _build_tokenizers(self) -> list[TextTokenizer]:
         if self.tok_cfg.path is not None:  # one joint vocabulary (check_config)
@@ -178,7 +192,7 @@ class TranslationTask(Task):
         """Tokenised pairs of ``split`` (see :class:`ParallelDataset` for the dropping rules)."""
         if split not in self._datasets:
             pairs = [self._norm(p) for p in read_pairs(self.data, split)]
-            ds = ParallelDataset(pairs, self.src_tok, self.tgt_tok, self.data.max_len)
+            ds = ParallelDataset(pairs, self.src_tok, self.tgt_tok, self.data.max_len, self.framing)
             if len(ds) == 0:
                 raise TkError(f"the {split} split has no usable pairs ({len(pairs)} read, dropped {ds.dropped}); "
                               f"check the data files or raise data.max_len ({self.data.max_len})")
@@ -209,7 +223,7 @@ class TranslationTask(Task):
         """Token-budget batches (``data.max_tokens`` padded tokens), built by length; streamed
         training pairs (``data.streaming``) come ``train.batch_size`` to a batch."""
         if self.data.streaming and split == "train":
-            stream = pair_stream(self.data, split, self.src_tok, self.tgt_tok, self.tok_cfg.lowercase)
+            stream = pair_stream(self.data, split, self.src_tok, self.tgt_tok, self.tok_cfg.lowercase, self.framing)
             return build_loader(stream, spec, self.collate)
         ds = self.build_dataset(split)
         sampler = TokenBudgetBatchSampler.from_spec(spec, ds.lengths, self.data.max_tokens)
@@ -217,6 +231,17 @@ class TranslationTask(Task):
 
     # -- model and loss ----------------------------------------------------------------
     def build_model(self) -> nn.Module:
+        """The encoder-decoder; with a pretrained translator (a fresh run) its weights, loaded on the meta device."""
+        record = read_record(self.files) if self.run_dir is not None else None
+        if self.hf is not None or record is not None and str(record.get("task", "")).startswith("hf:"):
+            vocab = self.hf.vocab_size if self.hf is not None else int(json.loads(
+                self.files.read_text("hf_config.json"))["vocab_size"])
+            build = lambda: EncoderDecoder(self.model_cfg, vocab, vocab, pad_id=self.pad_id)  # noqa: E731
+            if self.hf is not None:
+                return self.hf.build(build, self.model_cfg.dtype)
+            model = build()
+            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.model_cfg.dtype)
+            return model.to(dtype) if dtype is not None else model
         return EncoderDecoder(self.model_cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size, pad_id=self.pad_id)
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
@@ -246,12 +271,18 @@ class TranslationTask(Task):
     # -- decoding ------------------------------------------------------------------------
     def generation_config(self, src_len: int, beam_size: int | None = None) -> GenerationConfig:
         """Core generation settings for a source batch of ``src_len`` tokens."""
-        d = self.decode_cfg
+        d, f = self.decode_cfg, self.framing
         beam = d.beam_size if beam_size is None else beam_size
-        max_len = max(1, min(int(d.max_len_a * src_len) + d.max_len_b, self.model_cfg.max_len - 1))
+        limit = self.model_cfg.max_len - 1 - len(f.tgt_prefix)
+        if f.generation.get("max_length"):  # the model's own cap (its decoder start counted, as there)
+            limit = min(limit, int(f.generation["max_length"]) - 1)
+        max_len = max(1, min(int(d.max_len_a * src_len) + d.max_len_b, limit))
+        # a pretrained translator stops its beams as transformers does (early_stopping false: a heuristic)
+        stop = "bound" if not self.framing.generation or f.generation.get("early_stopping") == "never" else "heuristic"
         return GenerationConfig(strategy="beam" if beam > 1 else "greedy", beam_size=beam, max_len=max_len,
                                 length_penalty=d.length_penalty, bos_id=self.bos_id, eos_id=self.eos_id,
-                                pad_id=self.pad_id)
+                                pad_id=self.pad_id, forced_bos_id=f.forced_bos, forced_eos=f.forced_eos,
+                                beam_stop=stop)
 
     def decode(self, model: nn.Module, src: torch.Tensor, beam_size: int | None = None) -> list[str]:
         """Detokenised translations of a padded source batch (B, Ts)."""
@@ -265,12 +296,16 @@ class TranslationTask(Task):
         """``(index, tokens)`` of each line with more tokens than the model takes (``model.max_len``
         less one for EOS)."""
         ids = self.src_tok.encode_batch(self._source_texts(lines), add_special_tokens=False).ids
-        return [(i, len(s)) for i, s in enumerate(ids) if len(s) > self.model_cfg.max_len - 1]
+        return [(i, len(s)) for i, s in enumerate(ids) if len(s) > self._source_limit()]
+
+    def _source_limit(self) -> int:
+        """Source tokens a line may have: the positions less EOS and the language code."""
+        return self.model_cfg.max_len - 1 - len(self.framing.src_prefix)
 
     def too_long_message(self, tokens: int) -> str:
-        limit = self.model_cfg.max_len - 1
+        limit, extra = self._source_limit(), " and the language code" if self.framing.src_prefix else ""
         return (f"{tokens} tokens, more than the {limit} this model takes (model.max_len {self.model_cfg.max_len}, "
-                f"one for EOS); split the line, or pass --truncate to translate its first {limit} tokens")
+                f"one for EOS{extra}); split the line, or pass --truncate to translate its first {limit} tokens")
 
     @torch.no_grad()
     def translate(self, model: nn.Module, lines: Sequence[str], beam_size: int | None = None,
@@ -289,13 +324,23 @@ class TranslationTask(Task):
         results = [""] * len(texts)
         if not keep:
             return results
-        limit = self.model_cfg.max_len - 1  # room for EOS
-        ids = self.src_tok.encode_batch([texts[i] for i in keep], add_special_tokens=False, max_length=limit).ids
-        seqs = [torch.tensor(s + [self.eos_id]) for s in ids]
+        ids = self.src_tok.encode_batch([texts[i] for i in keep], add_special_tokens=False,
+                                        max_length=self._source_limit()).ids
+        seqs = [torch.tensor([*self.framing.src_prefix, *s, self.eos_id]) for s in ids]
         src = pad_sequence(seqs, batch_first=True, padding_value=self.pad_id).to(next(model.parameters()).device)
         for i, hyp in zip(keep, self.decode(model.eval(), src, beam_size)):
             results[i] = hyp
         return results
+
+    def export_hf(self, model: nn.Module) -> tuple[dict, dict]:
+        """``tk export --format hf``: a run started from a Hugging Face translator, as its family
+        (its config keys kept, the tokenizer files written beside it by the export)."""
+        if not self.files.exists("hf_config.json"):
+            raise TkError("--format hf: this translator was trained from scratch with tk's tokenizer, which no "
+                          "transformers translator class reads; export --format safetensors, torch-export or onnx "
+                          "(runs started from a Marian or NLLB model, model.pretrained_from, export as their family)")
+        source = json.loads(self.files.read_text("hf_config.json"))
+        return export_seq2seq(model, self.model_cfg, source["model_type"], source)
 
     def predict(self, model: nn.Module, inputs: Sequence[str]) -> list[dict[str, Any]]:
         """``tk predict``: ``{"input": line, "translation": text}`` per source line."""

@@ -32,7 +32,9 @@ def family_of(config: Mapping[str, Any]) -> Family:
     """
     kind = config.get("model_type")
     if kind not in FAMILIES:
-        also = " (a BERT encoder loads into text_classification / mlm)" if kind == "bert" else ""
+        also = (" (a BERT encoder loads into text_classification / mlm)" if kind == "bert" else
+                " (a translator, encoder-decoder: start the translation task from it)" if kind in ("marian", "m2m_100")
+                else "")
         raise TkError(f"{KEY}: model_type {kind!r} is not a decoder tk loads{also}; supported: "
                       f"{', '.join(sorted(FAMILIES))} (SmolLM2 is a llama)")
     return FAMILIES[kind]

@@ -116,7 +116,8 @@ def _to_hf(cfg: TransformerConfig) -> tuple[dict[str, Any], list[str]]:
     problems += [f"model.{n} true" for n in ("qk_norm", "sandwich_norm") if getattr(cfg, n)]
     heads, ffn = cfg.num_heads, cfg.ffn_dim
     return {"activation_function": act, "decoder_attention_heads": heads, "decoder_ffn_dim": ffn,
-            "scale_embedding": True, "tie_word_embeddings": True}, problems
+            "scale_embedding": True, "tie_word_embeddings": True, "attention_dropout": cfg.attn_dropout_p,
+            "activation_dropout": cfg.mlp_dropout_p}, problems
 
 
 def _marian_to_hf(cfg: TransformerConfig) -> tuple[dict[str, Any], list[str]]:
