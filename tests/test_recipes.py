@@ -29,7 +29,8 @@ OFFLINE_RECIPE = {
     "vit_finetune_cifar": ["model.pretrained=false", "data.img_size=64"],
     "vit_finetune_cifar_cpu": ["model.pretrained=false"],
     "vit_finetune_food101": ["model.pretrained=false", "data.img_size=64"],  # its local stand-in: test_image_sources
-    "lm_smollm2_shakespeare": ["model.pretrained_from=null"],  # with a tiny stand-in: test_pretrained_decoders
+    "lm_smollm2_shakespeare": ["model.pretrained_from=null"],
+    "translation_multi30k_marian": ["model.pretrained_from=null"],  # with a tiny stand-in: test_pretrained_translation  # with a tiny stand-in: test_pretrained_decoders
     "sft_smollm2_alpaca_lora": ["model.pretrained_from=null", "data.source=synthetic", "model.dim=32", "model.depth=1",
                                 "model.num_heads=2", "model.lora.targets=[attention, mlp]", "model.dtype=float32",
                                 "train.precision=fp32"],  # with a tiny stand-in: test_peft

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tk.plugins.translation.pretrained import is_translator_source
+from tk.plugins.translation.pretrained import source_problem
 
 
 def config_problems(cfg: Any, decode_default: Any, loss_default: Any, tok_default: Any) -> list[str]:
@@ -78,10 +78,9 @@ def user_set(cfg: Any, section: str, value: Any, name: str) -> bool:
 
 def _pretrained_problems(cfg: Any) -> list[str]:
     """The keys a pretrained translator sets itself (its tokenizer)."""
-    spec = cfg.sections["model"].pretrained_from
-    if not is_translator_source(spec):
-        return [f"model.pretrained_from: {spec} is a tk run dir; translation starts from a Hugging Face translator "
-                f"(a Marian/opus-mt or NLLB folder or hub id); continue a tk run with tk run --resume"]
+    problem = source_problem(cfg.sections["model"].pretrained_from)
+    if problem:
+        return [problem]
     tok = cfg.sections.get("tokenizer")
     return [f"tokenizer.{f.name}: the pretrained translator brings its own tokenizer; remove it"
             for f in dataclasses.fields(tok) if user_set(cfg, "tokenizer", tok, f.name)] if tok is not None else []

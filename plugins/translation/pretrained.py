@@ -17,7 +17,7 @@ from tk.core.artifacts import TaskFiles
 from tk.core.errors import TkError
 from tk.core.exchange.hf.bert import resolve_pretrained_dir
 from tk.core.exchange.hf.decoders import resolve_dtype
-from tk.core.exchange.hf.folder import WeightFiles, is_hf_folder, read_config, read_json
+from tk.core.exchange.hf.folder import WeightFiles, read_config, read_json
 from tk.core.exchange.hf.seq2seq import load_seq2seq, seq2seq_config
 from tk.core.exchange.pretrained import RECORD_FILE
 from tk.core.text import TextTokenizer
@@ -32,12 +32,17 @@ KEY = "model.pretrained_from"
 log = logging.getLogger(__name__)
 
 
-def is_translator_source(spec: str | None) -> bool:
-    """A Hugging Face folder, or a hub id that is no path on disk (a tk run dir is neither)."""
-    if spec is None:
-        return False
+def source_problem(spec: str) -> str | None:
+    """What is wrong with ``spec`` as a translator source before it is read (None: a Hugging Face
+    folder, or a hub id that is no path on disk, to be opened)."""
     path = Path(spec).expanduser()
-    return is_hf_folder(path) or not path.exists()
+    if (path / "config.yaml").is_file() or path.suffix == ".pt":
+        return (f"{KEY}: {spec} is a tk run; translation starts from a Hugging Face translator (a Marian/opus-mt "
+                f"or NLLB folder or hub id); continue a tk run with tk run --resume")
+    if path.is_file():
+        return (f"{KEY}: {spec} is a file; give the folder transformers' save_pretrained wrote (config.json, "
+                f"model.safetensors, the tokenizer files) or a hub id")
+    return None
 
 
 class Translator:
@@ -46,10 +51,10 @@ class Translator:
     def __init__(self, spec: str) -> None:
         """Raises: TkError for a folder that is not a translator tk maps, before anything heavy."""
         self.spec = spec
+        problem = source_problem(spec)
+        if problem:
+            raise TkError(problem)
         self.folder = resolve_pretrained_dir(spec)
-        if self.folder.is_file():
-            raise TkError(f"{KEY}: {self.folder} is a file; give the folder transformers' save_pretrained wrote "
-                          f"(config.json, model.safetensors, the tokenizer files) or a hub id")
         self.config = read_config(self.folder)
         if not self.config.get("is_encoder_decoder", True) or "d_model" not in self.config:
             kind = self.config.get("model_type")

@@ -30,6 +30,7 @@ from tk.core.task import Task
 from tk.core.text import Perplexity, TextTokenizer
 from tk.plugins.translation.checks import config_problems, user_set
 from tk.plugins.translation.data import (
+    SPECIALS,
     DataConfig,
     Framing,
     ParallelDataset,
@@ -337,7 +338,7 @@ class TranslationTask(Task):
         (its config keys kept, the tokenizer files written beside it by the export)."""
         if not self.files.exists("hf_config.json"):
             raise TkError("--format hf: this translator was trained from scratch with tk's tokenizer, which no "
-                          "transformers translator class reads; export --format safetensors, torch-export or onnx "
+                          "transformers translator class reads; export --format safetensors "
                           "(runs started from a Marian or NLLB model, model.pretrained_from, export as their family)")
         source = json.loads(self.files.read_text("hf_config.json"))
         return export_seq2seq(model, self.model_cfg, source["model_type"], source)

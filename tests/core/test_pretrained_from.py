@@ -244,10 +244,18 @@ def test_image_classification_from_a_vit_run(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-def test_translation_says_not_supported_yet(tmp_path):
-    result = tk(["run", "translation_synthetic", f"output_dir={tmp_path / 'tr'}", f"model.pretrained_from={tmp_path}"])
-    assert result.exit_code == 2 and "model.pretrained_from is not supported yet for translation" in result.output
+def test_translation_takes_hf_translators_not_tk_runs(tmp_path):
+    """translation starts from Marian/NLLB folders (tests/plugins/test_pretrained_translation.py); a
+    folder without config.json and a tk run dir are one line each."""
+    result = tk(["run", "translation_multi30k_marian", "data.source=synthetic", f"output_dir={tmp_path / 'tr'}",
+                 f"model.pretrained_from={tmp_path}"])
+    assert result.exit_code == 2 and "has no config.json" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "tr").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("task: translation\n")
+    result = tk(["run", "translation_multi30k_marian", "data.source=synthetic", f"output_dir={tmp_path / 'tr'}",
+                 f"model.pretrained_from={tmp_path / 'run'}"])
+    assert result.exit_code == 2 and "is a tk run; translation starts from a Hugging Face translator" in result.output
 
 
 def test_an_mlm_run_is_a_source(textcls_run, tmp_path):
