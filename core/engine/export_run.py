@@ -77,8 +77,9 @@ def _peft(run_dir: Path, task: Any, model: torch.nn.Module, out: Path,
     config, tensors = peft_export(task, model)
     (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     export_safetensors(tensors, out / ADAPTER_WEIGHTS, metadata={"format": "pt", **meta})
-    how = ("```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n"
-           f"base = AutoModelForCausalLM.from_pretrained({config['base_model_name_or_path']!r})\n"
+    auto = "AutoModelForSeq2SeqLM" if config["task_type"] == "SEQ_2_SEQ_LM" else "AutoModelForCausalLM"
+    how = (f"```python\nfrom peft import PeftModel\nfrom transformers import {auto}\n"
+           f"base = {auto}.from_pretrained({config['base_model_name_or_path']!r})\n"
            "model = PeftModel.from_pretrained(base, 'PATH')  # model.merge_and_unload() folds it in\n```\n"
            f"or with tk: `model: {{pretrained_from: {config['base_model_name_or_path']}, adapter_from: PATH}}`")
     return [ADAPTER_CONFIG, ADAPTER_WEIGHTS], how

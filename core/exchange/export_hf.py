@@ -29,6 +29,7 @@ from tk.core.errors import TkError
 from tk.core.exchange.export import export_safetensors, state_with_norm_biases
 from tk.core.exchange.hf.decoders import export_decoder, family_of
 from tk.core.exchange.hf.peft import export_adapter
+from tk.core.exchange.hf.seq2seq import FAMILIES as SEQ2SEQ
 from tk.core.exchange.pretrained import RECORD_FILE
 from tk.core.nn.lora import has_lora
 from tk.core.nn.config import TransformerConfig
@@ -222,13 +223,14 @@ def peft_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
                       "--format hf")
     names = task.lora_names(model)
     if not names or not task.files.exists(HF_SOURCE_CONFIG):
-        raise TkError(f"--format peft: the run's model did not start from a Hugging Face decoder "
+        raise TkError(f"--format peft: the run's model did not start from a Hugging Face model "
                       f"(model.pretrained_from), so a PEFT adapter would have no base model; export --format hf "
                       f"(merged) instead")
     source = json.loads(task.files.read_text(HF_SOURCE_CONFIG))
     record = json.loads(task.files.read_text(RECORD_FILE)) if task.files.exists(RECORD_FILE) else {}
     base = record.get("from") or task.model_cfg.pretrained_from
-    return export_adapter(model, names, family_of(source), TransformerConfig.of(task.model_cfg), lora, base)
+    family = SEQ2SEQ.get(source.get("model_type")) or family_of(source)
+    return export_adapter(model, names, family, TransformerConfig.of(task.model_cfg), lora, base)
 
 
 def _special_tokens(config: dict, tokenizer_json: str) -> dict[str, str]:

@@ -19,7 +19,9 @@ from torch.utils.data import DataLoader
 from tk.core.data.loader import LoaderSpec, build_loader
 from tk.core.data.samplers import TokenBudgetBatchSampler
 from tk.core.errors import TkError
-from tk.core.exchange.hf.seq2seq import export_seq2seq
+from tk.core.exchange.hf.peft import linear_names
+from tk.core.exchange.hf.seq2seq import export_seq2seq, seq2seq_family
+from tk.core.nn.config import TransformerConfig
 from tk.core.exchange.pretrained import TRANSFORMER_SHAPE_KEYS, adopt_shape, read_record
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
@@ -332,6 +334,14 @@ class TranslationTask(Task):
         for i, hyp in zip(keep, self.decode(model.eval(), src, beam_size)):
             results[i] = hyp
         return results
+
+    def lora_names(self, model: nn.Module) -> dict[str, tuple[str, int, int]]:
+        """A pretrained translator's own Linear names (``q_proj``, ``fc1``, ...) for ``model.lora.targets``
+        and the PEFT export (``{}`` for a translator trained from scratch)."""
+        if not self.files.exists("hf_config.json") and self.hf is None:
+            return {}
+        config = self.hf.config if self.hf is not None else json.loads(self.files.read_text("hf_config.json"))
+        return linear_names(seq2seq_family(config), model, TransformerConfig.of(self.model_cfg))
 
     def export_hf(self, model: nn.Module) -> tuple[dict, dict]:
         """``tk export --format hf``: a run started from a Hugging Face translator, as its family

@@ -227,3 +227,34 @@ def test_a_folder_that_is_not_a_seq2seq_model_is_named(folders, tmp_path):
         config = json.loads((folders["root"] / "marian" / "config.json").read_text())
         from tk.core.exchange.hf.seq2seq import seq2seq_config
         seq2seq_config({**config, "share_encoder_decoder_embeddings": False})
+
+
+def test_lora_by_the_family_names_exports_merged_and_as_a_peft_adapter(folders, tmp_path):
+    peft = pytest.importorskip("peft")
+    root = folders["root"]
+    args = ["run", "translation_multi30k_marian", f"model.pretrained_from={root / 'marian'}",
+            f"data.train_prefix={root / 'data' / 'train'}", f"data.val_prefix={root / 'data' / 'val'}",
+            "model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj]}", "train.max_steps=8", "optim.lr=1e-2",
+            "schedule.warmup_steps=1", "train.progress=false", f"output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "cross_attn.q_proj" in (tmp_path / "run" / "train.log").read_text()  # q_proj: self and cross attention
+    for fmt in ("hf", "peft"):
+        result = CliRunner().invoke(cli, ["export", str(tmp_path / "run"), "--format", fmt, "-o", str(tmp_path / fmt)])
+        assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_2_SEQ_LM" and config["target_modules"] == ["q_proj", "v_proj"]
+    _, model = load_run(tmp_path / "run", "best", [])
+    src, tgt = torch.tensor([[4, 8, 5, 2, 0], [9, 10, 3, 0, 77]]), torch.tensor([[77, 4, 5], [77, 6, 7]])
+    mask = src.ne(77).long()
+    with torch.no_grad():
+        ours = model.eval()(src, tgt)
+        base = transformers.MarianMTModel.from_pretrained(root / "marian").eval()
+        before = base(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        assert (ours - before).abs().max() > 0.05  # the adapters trained
+        merged = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
+        torch.testing.assert_close(merged(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits, ours,
+                                   rtol=1e-5, atol=1e-4)
+        adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()  # injects into base in place
+        torch.testing.assert_close(adapted(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits, ours,
+                                   rtol=1e-5, atol=1e-4)

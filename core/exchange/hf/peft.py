@@ -48,7 +48,7 @@ def linear_names(family: Family, model: nn.Module, cfg: TransformerConfig) -> di
     64, 32), ...}``."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     out = {}
-    for row in family.expanded(cfg.depth):
+    for row in family.expanded(family.depths(cfg)):
         module = row.tk.removesuffix(".weight")
         if module == row.tk or module not in linears:
             continue
@@ -108,7 +108,8 @@ def export_adapter(model: nn.Module, names: Names, family: Family, cfg: Transfor
     leaves = sorted({hf.rsplit(".", 1)[-1] for hf in adapted})
     # short names where they pick exactly the adapted layers (as people write them), else the full names
     same = {hf for hf in names if hf.rsplit(".", 1)[-1] in leaves} == set(adapted)
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": lora.rank,
+    task_type = "SEQ_2_SEQ_LM" if family.encoder_layer else "CAUSAL_LM"  # a translator's, or a decoder's
+    config = {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base, "r": lora.rank,
               "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "bias": "none",
               "fan_in_fan_out": family.name == "gpt2", "target_modules": leaves if same else sorted(adapted),
               "modules_to_save": saved or None, "use_rslora": False, "use_dora": False, "init_lora_weights": True,
@@ -123,13 +124,16 @@ def _modules_to_save(model: nn.Module, family: Family, cfg: TransformerConfig
     trained = [n for n, p in model.named_parameters() if p.requires_grad and not n.endswith((".lora_A", ".lora_B"))]
     if not trained:
         return [], {}
-    if model.lm_head.weight is model.tok_embed.weight and {"lm_head.weight", "tok_embed.weight"} & set(trained):
+    embed = "src_embed" if hasattr(model, "src_embed") else "tok_embed"  # a translator's shared embedding
+    tied = model.lm_head.weight is getattr(model, embed).weight
+    if tied and {"lm_head.weight", f"{embed}.weight", "tgt_embed.weight"} & set(trained):
         raise TkError("--format peft: the trained embedding is tied to the head; PEFT's modules_to_save cannot hold "
                       "a tied pair; export --format hf (merged) instead")
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith((".lora_A", ".lora_B"))}
-    if model.lm_head.weight is model.tok_embed.weight:  # a tied head is the embedding's tensor
+    if tied:  # a tied head (and a shared target embedding) is the embedding's tensor
         sd.pop("lm_head.weight", None)
-    rows = {r.tk: r for r in family.expanded(cfg.depth)}
+        sd.pop("tgt_embed.weight", None)
+    rows = {r.tk: r for r in family.expanded(family.depths(cfg))}
     modules = set()
     for name in trained:
         row = rows.get(name)
@@ -162,8 +166,8 @@ def read_adapter(folder: str | Path) -> dict[str, Any]:
     problems = []
     if config.get("peft_type") != "LORA":
         problems.append(f"peft_type {config.get('peft_type')!r} (tk reads LORA)")
-    if config.get("task_type") not in (None, "CAUSAL_LM"):
-        problems.append(f"task_type {config.get('task_type')!r} (a decoder's adapter is CAUSAL_LM)")
+    if config.get("task_type") not in (None, "CAUSAL_LM", "SEQ_2_SEQ_LM"):
+        problems.append(f"task_type {config.get('task_type')!r} (tk reads CAUSAL_LM and SEQ_2_SEQ_LM adapters)")
     for key, ok in (("use_dora", False), ("bias", "none"), ("rank_pattern", {}), ("alpha_pattern", {}),
                     ("layers_to_transform", None), ("layers_pattern", None), ("exclude_modules", None),
                     ("lora_bias", False), ("target_parameters", None), ("trainable_token_indices", None),
@@ -196,7 +200,7 @@ def adapter_lora(config: Mapping[str, Any], names: Names, family: Family, cfg: T
     if not targets:
         raise TkError(f"{KEY}: the adapter's target_modules {config.get('target_modules')!r} name no layer of this "
                       f"{family.name} model; it was made for another model")
-    modules = {r_.hf[0].rsplit(".", 1)[0]: r_.tk.rsplit(".", 1)[0] for r_ in family.expanded(cfg.depth)
+    modules = {r_.hf[0].rsplit(".", 1)[0]: r_.tk.rsplit(".", 1)[0] for r_ in family.expanded(family.depths(cfg))
                if len(r_.hf) == 1}
     trainable = []
     for saved in config.get("modules_to_save") or []:
@@ -247,7 +251,7 @@ def load_adapter(model: nn.Module, names: Names, family: Family, cfg: Transforme
             for hf, a_rows, b_rows in _parts(module, name, layers.get(name, [])):
                 put(f"{PREFIX}{hf}.lora_A.weight", module.lora_A[a_rows])
                 put(f"{PREFIX}{hf}.lora_B.weight", module.lora_B[b_rows])
-    rows = {r.hf[0]: r for r in family.expanded(cfg.depth) if len(r.hf) == 1}
+    rows = {r.hf[0]: r for r in family.expanded(family.depths(cfg)) if len(r.hf) == 1}
     own = dict(model.named_parameters(remove_duplicate=False))
     for key in [k for k in weights if k not in used and not k.endswith((".lora_A.weight", ".lora_B.weight"))]:
         row = rows.get(key.removeprefix(PREFIX))  # a modules_to_save tensor
