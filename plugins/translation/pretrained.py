@@ -146,9 +146,7 @@ def _code_id(tok: Any, code: str, key: str, model_type: str) -> int:
 
 def language_codes(tok: Any, model_type: str) -> list[str]:
     """The language tokens of a tokenizer: Marian's ``>>xx<<``, NLLB's ``eng_Latn``-style specials."""
-    if hasattr(tok, "language_codes"):
-        return list(tok.language_codes)
-    vocab = tok.tok.get_vocab(with_added_tokens=True) if hasattr(tok, "tok") else {}
+    vocab = tok.tok.get_vocab(with_added_tokens=True) if hasattr(tok, "tok") else getattr(tok, "_vocab", {})
     if model_type == "marian":
         return [t for t in vocab if t.startswith(">>") and t.endswith("<<")]
     return [t for t in vocab if len(t) == 8 and t[3] == "_" and t[:3].isalpha()]

@@ -118,6 +118,15 @@ def test_the_tokenizers_give_transformers_ids(folders):
         assert [*task.framing.src_prefix, *ids, task.eos_id] == ref(src).input_ids
         ids = task.tgt_tok.encode(tgt, add_special_tokens=False)
         assert [*task.framing.tgt_prefix, *ids, task.eos_id] == ref(text_target=tgt).input_ids
+    multi = folders["root"] / "marian-mul"  # a multilingual opus-mt model: >>deu<< before the source
+    save_marian(multi, codes=True)
+    task, ref = make_task(multi, "data.tgt_code='>>deu<<'", data=folders["root"] / "data"), marian_tokenizer(multi)
+    for src, _ in pairs[:20]:
+        ids = task.src_tok.encode(src, add_special_tokens=False)
+        assert [*task.framing.src_prefix, *ids, task.eos_id] == ref(">>deu<< " + src).input_ids
+    with pytest.raises(TkError, match="'>>ita<<' is not a language code.*>>deu<<"):
+        make_task(multi, "data.tgt_code='>>ita<<'", data=folders["root"] / "data")
+    task, ref = make_task(folders["nllb"][0], *NLLB_CODES, data=folders["root"] / "data"), folders["nllb"][2]
     decoded = task.tgt_tok.decode_batch([[task.framing.forced_bos, *task.tgt_tok.encode("ein Hund."), 2]])
     assert decoded == ref.batch_decode([[task.framing.forced_bos, *task.tgt_tok.encode("ein Hund."), 2]],
                                        skip_special_tokens=True)
