@@ -66,6 +66,9 @@ class Task:
     extra_sections: ClassVar[Mapping[str, type]] = {}
     renamed_keys: ClassVar[Mapping[str, str]] = {}
     predict_rows: ClassVar[bool] = False  # predict() also takes dict rows (the lines of a .jsonl input)
+    # model.pretrained_from for this task: a tk.core.exchange.PretrainedBackbone (where the backbone lives,
+    # which runs seed it, the files they bring); the engine does the rest. None: the task handles the key itself
+    pretrained_backbone: ClassVar[Any] = None
     metric_names: ClassVar[tuple[str, ...]] = ()  # what build_metrics' metrics log ("top1"), where it needs setup()
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None) -> None:
@@ -99,9 +102,10 @@ class Task:
         without these inputs): e.g. that ``model.pretrained_from`` names a readable run of a
         task this one can start from, whose shape the recipe agrees with.
 
-        Returns one message per problem, each naming the key.
+        Returns one message per problem, each naming the key. Default: the checks of a declared
+        ``pretrained_backbone`` (see :mod:`tk.core.exchange.backbone`).
         """
-        return []
+        return cls.pretrained_backbone.problems(cls, cfg) if cls.pretrained_backbone is not None else []
 
     # -- lifecycle ---------------------------------------------------------------
     def setup(self, resume: bool = False) -> None:

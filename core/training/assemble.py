@@ -3,11 +3,14 @@ data and model are built.
 
     1. construct the task with its run dir      Task(cfg, run_dir)
     2. restore its saved state                  task.load_state_dict(...)   (resume, eval, predict, average)
-    3. set it up                                task.setup(resume=...)      (True where a saved run is rebuilt:
+    3. adopt a declared backbone source         task.pretrained_backbone    (model.pretrained_from: its shape and
+                                                                             files; a restored run: the recorded shape)
+       set it up                                task.setup(resume=...)      (True where a saved run is rebuilt:
                                                                              load task files, never recompute)
     4. build the data                           loaders, datasets           (train, resume, eval, summary)
     5. build the model                          task.build_model()
-    6. load pretrained weights                  task.init_pretrained(model) (a fresh training run only)
+    6. load pretrained weights                  the declared backbone's tensors, then
+                                                task.init_pretrained(model) (a fresh training run only)
     7. add LoRA adapters, freeze the rest       apply_lora(model, ...)      (when the model: section has
                                                                              a lora: mapping; every mode, so a
                                                                              saved LoRA run's weights fit;
@@ -76,10 +79,14 @@ def assemble(cfg: RunConfig, task_cls: type[Task], run_dir: str | Path | None, m
     if state is not None:
         task.load_state_dict(state.get("task_state") or {})
     with main_first():
+        backbone = task.pretrained_backbone  # a declared backbone source: its shape and files before the set-up
+        source = backbone.adopt(task, mode) if backbone is not None else None
         task.setup(resume=mode in RESTORING)
         data = build_data(task) if build_data is not None else None
     model = task.build_model()
     if mode == "train":
+        if source is not None:
+            backbone.load(model, source)
         task.init_pretrained(model)
     lora = getattr(cfg.sections.get("model"), "lora", None)
     if lora is not None:

@@ -326,3 +326,43 @@ def test_fine_tuning_from_an_mlm_run_beats_its_from_scratch_twin(tmp_path):
         return [r["val/top1"] for r in records if "val/top1" in r][-1]
 
     assert top1(scratch) < 0.75 and top1(tuned) > top1(scratch) + 0.2, (top1(scratch), top1(tuned))
+
+
+# -- a plugin's one-line opt-in: Task.pretrained_backbone -------------------------------------
+def _toy(tmp_path, name, *overrides):
+    recipe = tmp_path / "toy_backbone.yaml"
+    recipe.write_text("task: tests.core.backbone_task:BackboneTask\ndata: {num_train: 32, num_val: 8}\n"
+                      "train: {max_steps: 3, batch_size: 8, eval_every: 3, progress: false}\n")
+    return tk(["run", str(recipe), f"output_dir={tmp_path / name}", *overrides])
+
+
+def test_a_declared_backbone_is_seeded_by_the_engine(tmp_path):
+    """The source's shape, files and backbone tensors come over; the head stays fresh; the new run
+    reloads with the recorded shape; a disagreeing shape key or another task is one line."""
+    from tk.core.engine.inference import load_run
+
+    assert _toy(tmp_path, "a", "model.hidden=48").exit_code == 0
+    result = _toy(tmp_path, "b", f"model.pretrained_from={tmp_path / 'a'}", "train.max_steps=0")
+    assert result.exit_code == 0, result.output
+    assert "3 tensors under 'encoder.' from the tests.core.backbone_task:BackboneTask run" in (tmp_path / "b" / "train.log").read_text()
+    assert (tmp_path / "b" / "artifacts" / "vocab.txt").read_text() == "48 ids of a run\n"
+    _, a = load_run(tmp_path / "a", "last", [])
+    _, b = load_run(tmp_path / "b", "last", [])  # restored with the recorded hidden=48, not the default 32
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(pa, pb) == name.startswith("encoder."), name
+    result = _toy(tmp_path, "c", f"model.pretrained_from={tmp_path / 'a'}", "model.hidden=16")
+    assert result.exit_code == 2 and "model.hidden: the recipe sets 16 but the model.pretrained_from run was trained " \
+        "with 48" in result.output and not (tmp_path / "c").exists()
+    result = _toy(tmp_path, "d", f"model.pretrained_from={textcls_dir(tmp_path)}")
+    assert result.exit_code == 2 and "is a text_classification run; a toy_backbone run can start from a toy_backbone" \
+        in result.output
+    result = _toy(tmp_path, "e", f"model.pretrained_from={tmp_path / 'nothing'}")
+    assert result.exit_code == 2 and "neither a tk run dir" in result.output and not (tmp_path / "e").exists()
+
+
+def textcls_dir(tmp_path):
+    """A folder that looks like a run of another task."""
+    (tmp_path / "other" / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "other" / "config.yaml").write_text("task: text_classification\n")
+    torch.save({"model": {}}, tmp_path / "other" / "checkpoints" / "last.pt")
+    return tmp_path / "other"
