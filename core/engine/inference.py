@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+import yaml
 from torch import nn
 
 from tk.core.artifacts import ARTIFACTS_DIR
@@ -25,6 +26,7 @@ from tk.core.exchange.pretrained import (
     open_source,
     read_record,
     shape_conflicts,
+    what_is,
     write_record,
 )
 from tk.core.nn.lora import has_lora, merge_lora
@@ -47,7 +49,7 @@ __all__ = ["average_run", "evaluate_run", "load_run", "load_run_source", "predic
            "step_checkpoints",
            # a run as a pretrained source (tk.core.exchange.pretrained), for the plugins' setup/init_pretrained
            "RECORD_FILE", "TRANSFORMER_SHAPE_KEYS", "SourceRun", "adopt_shape", "describe_shape", "load_backbone", "open_source",
-           "read_record", "shape_conflicts", "write_record"]
+           "read_record", "shape_conflicts", "what_is", "write_record"]
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -63,9 +65,14 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str) -> Path:
         given = Path(checkpoint).expanduser()
         candidates = [given] if given.is_absolute() else [given, run_dir / given, run_dir / "checkpoints" / given]
         path = next((p for p in candidates if p.is_file()), given)
-    if not path.is_file():
-        raise TkError(f"checkpoint not found: {path}; train first with `tk run`, or pass --checkpoint PATH")
-    return path
+    if path.is_file():
+        return path
+    if checkpoint in ("best", "last"):
+        raise TkError(f"{run_dir} has no checkpoint yet (checkpoints/best.pt or last.pt): the run saved none; "
+                      f"continue it with `tk run ... --resume`, or wait for its first checkpoint")
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt")) if (run_dir / "checkpoints").is_dir() else []
+    raise TkError(f"--checkpoint {checkpoint}: no such file (looked in the working directory, {run_dir} and its "
+                  f"checkpoints/); give best, last or one of {', '.join(saved[:6]) or 'its checkpoint files'}")
 
 
 def step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -102,9 +109,24 @@ def _exists(run_dir: Path) -> None:
 def _config(run_dir: Path, overrides: list[str]) -> tuple[Any, type[Task]]:
     config_path = run_dir / "config.yaml"
     _exists(run_dir)
+    if run_dir.is_file():
+        raise TkError(f"{run_dir} is a file, not a run dir; pass the output_dir of a `tk run` (a checkpoint goes "
+                      f"to --checkpoint)")
     if not config_path.is_file():
         raise TkError(f"{run_dir} is not a tk run dir (no config.yaml); pass the output_dir of a `tk run`")
+    if not _written_by_tk(config_path):
+        raise TkError(f"{run_dir} is not a tk run dir: its config.yaml was not written by `tk run` (no task: and "
+                      f"train: sections); pass the output_dir of a `tk run`")
     return load_config(str(config_path), list(overrides))
+
+
+def _written_by_tk(path: Path) -> bool:
+    """A run's config.yaml as tk writes it: a mapping with ``task`` and a ``train`` section."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return True  # unreadable: load_config names the problem
+    return isinstance(loaded, dict) and isinstance(loaded.get("task"), str) and isinstance(loaded.get("train"), dict)
 
 
 def selects_ema(cfg: Any) -> bool:

@@ -31,6 +31,7 @@ from tk.core.exchange.pretrained import (
     open_source,
     read_record,
     shape_conflicts,
+    what_is,
     write_record,
 )
 
@@ -62,7 +63,7 @@ class PretrainedBackbone:
         # the task as the run's config.yaml names it too (a module:Class path is no registered name)
         source = open_source(spec, task_cls.name, tuple(dict.fromkeys((*accepts, cfg.task))))
         if source is None:
-            raise TkError(f"{KEY}: {spec} is neither a tk run dir (a folder with config.yaml) nor a .pt checkpoint; "
+            raise TkError(f"{KEY}: {what_is(spec)}neither a tk run dir (a folder with config.yaml) nor a .pt checkpoint; "
                           f"a {task_cls.name} run starts from a {' or '.join(accepts)} run")
         return source
 

@@ -39,7 +39,7 @@ from tk.core.errors import TkError
 from tk.core.run.checkpoint import load_checkpoint
 from tk.core.run.shards import SHARDS_KEY
 
-__all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_source", "shape_conflicts",
+__all__ = ["TRANSFORMER_SHAPE_KEYS", "KEY", "RECORD_FILE", "SourceRun", "open_source", "shape_conflicts", "what_is",
            "adopt_shape", "load_backbone", "write_record", "read_record", "describe_shape"]
 
 # the model-section keys of core's TransformerConfig that shape a backbone's tensors (or its
@@ -184,6 +184,12 @@ def open_source(spec: str | None, task: str, accepts: Sequence[str]) -> SourceRu
                        files_dir if files_dir.is_dir() else None)
     _check_task(source, task, accepts)
     return source
+
+
+def what_is(spec: str) -> str:
+    """``"SPEC does not exist, so it is "`` for a path that is not there, else ``"SPEC is "``: the start
+    of a message that goes on ``"neither a tk run dir ..."``."""
+    return f"{spec} is " if Path(spec).expanduser().exists() else f"{spec} does not exist, so it is "
 
 
 def _check_task(source: SourceRun, task: str, accepts: Sequence[str]) -> None:

@@ -26,14 +26,14 @@ from tk.core.engine.inference import (
     load_backbone,
     open_source,
     read_record,
+    what_is,
     write_record,
 )
 from tk.core.errors import TkError
 from tk.core.exchange.hf.source import HFSource, generation_defaults, hf_lora_names, is_hf_source, resolve_dtype
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
-from tk.core.nn.generation.decoding import GenerationConfig
-from tk.core.nn.generation import generate
+from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.step import EvalContext, StepOutput
 from tk.core.task import Task
 from tk.core.text import TextTokenizer, build_tokenizer, cut_pieces, encode_long, iter_column, load_hub_dataset
@@ -167,7 +167,7 @@ class LanguageModelTask(Task):
             return self._open_hf(write)
         source = open_source(self.model_cfg.pretrained_from, self.name, (self.name,))
         if source is None:
-            raise TkError(f"model.pretrained_from: {self.model_cfg.pretrained_from} is neither a tk run dir (a folder "
+            raise TkError(f"model.pretrained_from: {what_is(self.model_cfg.pretrained_from)}neither a tk run dir (a folder "
                           f"with config.yaml) nor a .pt checkpoint; give the output_dir of a language_model run")
         theirs = source.section("tokenizer").get("kind")
         if self.tok_cfg.path is not None:

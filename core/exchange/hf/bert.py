@@ -68,6 +68,12 @@ def resolve_pretrained_dir(spec: str | Path) -> Path:
     path = Path(spec).expanduser()
     if path.exists():
         return path
+    head = Path(str(spec).split("/")[0]).expanduser()
+    if str(spec).startswith((".", "/", "~")) or (head.is_dir() and "/" in str(spec)):  # a path, not a hub id
+        inside = sorted(p.name for p in path.parent.iterdir())[:6] if path.parent.is_dir() else []
+        raise TkError(f"model.pretrained_from: {path} does not exist"
+                      + (f" ({path.parent} holds {', '.join(inside)})" if inside else "")
+                      + "; point it at a tk run dir or a Hugging Face model folder")
     if not is_hub_id(spec):
         raise TkError(f"model.pretrained_from: {path} does not exist; point it at a tk run dir or a Hugging Face "
                       f"model folder, or give a hub id such as 'sentence-transformers/all-MiniLM-L6-v2'")
@@ -80,8 +86,8 @@ def resolve_pretrained_dir(spec: str | Path) -> Path:
         return Path(huggingface_hub.snapshot_download(repo_id=str(spec), allow_patterns=_HUB_FILES))
     except Exception as e:  # the hub client raises many kinds (offline, missing repo, auth)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise TkError(f"model.pretrained_from: {spec!r} is not a folder on disk, and downloading it from the "
-                      f"Hugging Face hub failed: {first}") from e
+        raise TkError(f"model.pretrained_from: {spec!r} is no path on disk, and as a Hugging Face hub id it could not "
+                      f"be fetched ({first}); check the path, or the network and the id") from e
 
 
 def read_bert_config(folder: str | Path) -> dict[str, Any]:

@@ -34,6 +34,9 @@ def read_config(folder: Path) -> dict[str, Any]:
         TkError: missing or unreadable, named.
     """
     path = folder / "config.json"
+    if folder.is_file():
+        raise TkError(f"{KEY}: {folder} is a file; give the folder transformers' save_pretrained wrote (config.json, "
+                      f"model.safetensors or its shards, the tokenizer files) or a hub id")
     if not path.is_file():
         raise TkError(f"{KEY}: {folder} has no config.json; give a folder written by transformers' save_pretrained "
                       f"(config.json, model.safetensors or its shards, tokenizer.json) or a hub id")
