@@ -751,7 +751,12 @@ RENAMED = {
     "text_classification": {"data.tokenizer": "tokenizer.kind", "data.vocab_size": "tokenizer.vocab_size",
                             "data.lowercase": "tokenizer.lowercase", "data.hf_splits": "data.hf_split"},
     "translation": {"data.lowercase": "tokenizer.lowercase", "data.hf_val_split": "data.hf_split"},
+    # the README's examples hold in every task whose schema has the new key (issue #51 item 12)
+    **{t: {"data.synthetic_seed": "data.seed", "data.dataset": "data.hf_name", "data.bpe_vocab_size":
+           "tokenizer.vocab_size"} for t in ("text_classification", "mlm", "sft")},
+    "image_classification": {"data.synthetic_seed": "data.seed", "data.dataset=cifar10": "data.source"},
 }
+RENAMED["translation"].update({"data.synthetic_seed": "data.seed", "data.dataset": "data.hf_name"})
 RENAMED_CASES = [(task, old, new) for task, keys in RENAMED.items() for old, new in keys.items()]
 
 

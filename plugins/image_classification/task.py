@@ -73,7 +73,8 @@ class ImageClassificationTask(Task):
     ModelConfig: ClassVar[type] = ModelConfig
     extra_sections: ClassVar[Mapping[str, type]] = {"mixup": MixupConfig, "loss": LossConfig, "predict": PredictConfig,
                                                          "distill": DistillConfig}
-    renamed_keys: ClassVar[Mapping[str, str]] = {"model.pretrained_file": "model.pretrained_from"}
+    renamed_keys: ClassVar[Mapping[str, str]] = {"model.pretrained_file": "model.pretrained_from",
+                                                 "data.dataset": "data.source"}  # cifar10, cifar100 are sources
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)
