@@ -741,6 +741,15 @@ def test_bad_input(name, world, tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".*tk-overwritten"))
 
 
+def test_a_policy_no_pipeline_runs_is_one_fix_not_two(tmp_path):
+    """RandAugment 'inc1' crashes under Pillow >= 13 on the workers path too: data.pipeline=device must not
+    send the user there (issue #51 item 13)."""
+    result = CliRunner().invoke(cli, ["validate", "quickstart", "data.auto_augment=rand-m9-mstd0.5-inc1",
+                                      "data.pipeline=device", f"output_dir={tmp_path / 'r'}"])
+    assert result.exit_code == 2 and "drop '-inc1'" in result.stderr, result.output
+    assert "data.pipeline=workers" not in result.stderr and result.stderr.count("\n") == 1
+
+
 # -- renamed recipe keys (issue #23: one vocabulary across the NLP tasks) ------------------
 # old key (or old value) -> the new key its one-line error must name
 RENAMED = {

@@ -18,6 +18,7 @@ from torchvision import datasets
 
 from tk.core.errors import TkError
 from tk.plugins.image_classification.device_randaugment import parse_rand_augment
+from tk.plugins.image_classification.transforms import check_auto_augment
 from tk.plugins.image_classification.sources import HubImages, TarShards, expand_shards
 from tk.plugins.image_classification.synthetic import SyntheticShapes
 
@@ -118,7 +119,7 @@ def _device_pipeline_problems(data: DataConfig) -> list[str]:
     if data.streaming:
         problems.append("data.pipeline: device holds the decoded split in memory; a streamed split is not; set "
                         "data.pipeline=workers or data.streaming=false")
-    if data.auto_augment:
+    if data.auto_augment and check_auto_augment(data.auto_augment) is None:  # else refused for every pipeline
         try:
             parse_rand_augment(data.auto_augment)
         except ValueError as e:
