@@ -50,14 +50,20 @@ def _refuse(key: str, value: Any, target: str, need: str) -> TkError:
                    f"export --format safetensors, torch-export or onnx instead")
 
 
-def _require(cfg: TransformerConfig, target: str, rules: dict[str, tuple[Any, ...]]) -> None:
-    """Raise on the first field of ``cfg`` whose value is not among the allowed ones."""
+def _require(cfg: TransformerConfig, target: str, rules: dict[str, tuple[Any, ...]],
+             found: list[str] | None = None) -> None:
+    """Raise one line naming every field of ``cfg`` whose value is not among the allowed ones (and the
+    blockers already ``found`` by the caller): every blocker at once, before anyone retrains."""
+    problems = list(found or [])
     for name, allowed in rules.items():
         value = cfg.use_final_norm if name == "final_norm" else getattr(cfg, name)
         if value not in allowed:
-            raise _refuse(f"model.{name}", value, target, f"it needs {' or '.join(map(repr, allowed))}")
+            problems.append(f"model.{name}={value!r} (it needs {' or '.join(map(repr, allowed))})")
     if cfg.num_kv_heads not in (None, cfg.num_heads) and target != "LlamaForCausalLM":
-        raise _refuse("model.num_kv_heads", cfg.num_kv_heads, target, "it has no grouped-query attention")
+        problems.append(f"model.num_kv_heads={cfg.num_kv_heads!r} (it has no grouped-query attention)")
+    if problems:
+        raise TkError(f"--format hf: {target} cannot express {len(problems)} of this model's settings: "
+                      + "; ".join(problems) + "; export --format safetensors, torch-export or onnx instead")
 
 
 def _qkv(sd: dict[str, Tensor], prefix: str, cfg: TransformerConfig) -> list[tuple[Tensor, Tensor | None]]:
@@ -71,13 +77,15 @@ def _qkv(sd: dict[str, Tensor], prefix: str, cfg: TransformerConfig) -> list[tup
 
 
 # -- BERT ------------------------------------------------------------------------------
-def _bert_encoder(model: nn.Module, target: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def _bert_encoder(model: nn.Module, target: str, found: list[str] | None = None
+                  ) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """``bert.embeddings.*`` + ``bert.encoder.*`` tensors and the config keys they share, for
-    ``model.encoder`` (a :class:`TextEncoder`) of a text classifier or a masked LM."""
+    ``model.encoder`` (a :class:`TextEncoder`) of a text classifier or a masked LM (``found``: the
+    caller's blockers, refused together with the encoder's)."""
     enc: TextEncoder = model.encoder
     cfg = enc.cfg
     _require(cfg, target, {"pos_encoding": ("learned",), "norm": ("layernorm",), "norm_first": (False,),
-                           "final_norm": (False,), "activation": ("gelu", "relu"), "bias": (True,)})
+                           "final_norm": (False,), "activation": ("gelu", "relu"), "bias": (True,)}, found)
     sd = state_with_norm_biases(model)
     out = {"bert.embeddings.word_embeddings.weight": sd["encoder.tok_embed.weight"],
            "bert.embeddings.position_embeddings.weight": sd["encoder.pos_embed.weight"],
@@ -114,12 +122,13 @@ def bert_export(model: nn.Module, labels: list[Any] | None, multi_label: bool = 
         TkError: a shape BERT cannot express, naming the key and value.
     """
     target = "BertForSequenceClassification"
+    found = []
     if model.pooling != "cls":
-        raise _refuse("model.pooling", model.pooling, target, "its classifier reads the [CLS] token")
+        found.append(f"model.pooling={model.pooling!r} (its classifier reads the [CLS] token: it needs 'cls')")
     if getattr(model, "pooler", None) is None:  # transformers' class always applies one
-        raise _refuse("model.pooler", False, target, "it always applies BERT's pooler, dense + tanh, to [CLS]; "
-                      "train with model.pooler=true")
-    out, config = _bert_encoder(model, target)
+        found.append("model.pooler=False (it always applies BERT's pooler, dense + tanh, to [CLS]: train with "
+                     "model.pooler=true)")
+    out, config = _bert_encoder(model, target, found)
     sd = model.state_dict()
     out["bert.pooler.dense.weight"], out["bert.pooler.dense.bias"] = sd["pooler.weight"], sd["pooler.bias"]
     out["classifier.weight"], out["classifier.bias"] = sd["head.weight"], sd["head.bias"]
@@ -142,10 +151,11 @@ def bert_mlm_export(model: nn.Module) -> tuple[dict, dict]:
             (transformers' head uses ``hidden_act``, tk's GELU).
     """
     target = "BertForMaskedLM"
+    found = []
     if model.encoder.cfg.activation != "gelu":
-        raise _refuse("model.activation", model.encoder.cfg.activation, target,
-                      "its prediction head uses the encoder's activation, tk's head GELU; it needs 'gelu'")
-    out, config = _bert_encoder(model, target)
+        found.append(f"model.activation={model.encoder.cfg.activation!r} (its prediction head uses the encoder's "
+                     f"activation, tk's head GELU: it needs 'gelu')")
+    out, config = _bert_encoder(model, target, found)
     sd = state_with_norm_biases(model)
     for a, b in (("transform.dense", "head.dense"), ("transform.LayerNorm", "head.norm")):
         for kind in ("weight", "bias"):

@@ -246,8 +246,17 @@ def test_a_classifier_without_berts_pooler_is_refused_not_emulated(tmp_path):
     assert model.pooler is None
     result = tk("export", run, "--format", "hf", "-o", tmp_path / "hf")
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
-    assert "model.pooler=False has no BertForSequenceClassification counterpart" in result.output
+    assert "BertForSequenceClassification cannot express 1 of this model's settings: model.pooler=False" in result.output
     assert "train with model.pooler=true" in result.output and not (tmp_path / "hf").exists()
+
+
+def test_every_export_blocker_is_named_at_once(tmp_path):
+    """A pre-norm classifier without the pooler: both blockers in one line, before anyone retrains (#51 item 14)."""
+    run = make_run(tmp_path / "run", "textcls_synthetic", *TEXTCLS, "model.pooler=false", "model.norm_first=true")
+    result = tk("export", run, "--format", "hf", "-o", tmp_path / "hf")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "cannot express 3 of this model's settings" in result.output  # the pooler, norm_first and final_norm
+    assert "model.pooler=False" in result.output and "model.norm_first=True" in result.output
 
 
 def test_bad_inputs_are_one_line_and_write_nothing(textcls_run, tmp_path):
