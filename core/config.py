@@ -135,6 +135,31 @@ def recipe_schema(task_cls: type) -> dict[str, Any]:
     return schema
 
 
+# Keys of earlier versions, renamed for one vocabulary across the tasks (README): old -> new. A task
+# gets each one whose new key its schema has and whose old key it does not (its own renamed_keys win).
+OLD_KEYS = {"data.tokenizer": "tokenizer.kind", "data.bpe_vocab_size": "tokenizer.vocab_size",
+            "data.vocab_size": "tokenizer.vocab_size", "data.tokenizer_file": "tokenizer.path",
+            "data.lowercase": "tokenizer.lowercase", "data.config": "data.hf_config", "data.split": "data.hf_split",
+            "data.hf_splits": "data.hf_split", "data.synthetic_seed": "data.seed", "data.dataset": "data.hf_name"}
+
+
+def _has_key(schema: dict[str, Any], key: str) -> bool:
+    section, _, name = key.partition(".")
+    tp = schema.get(section)
+    return dataclasses.is_dataclass(tp) and name in {f.name for f in dataclasses.fields(tp)}
+
+
+def renamed_keys_of(task_cls: type, schema: dict[str, Any]) -> dict[str, str]:
+    """The task's ``renamed_keys`` plus the shared :data:`OLD_KEYS` that apply to its schema."""
+    shared = {}
+    for old, new in OLD_KEYS.items():
+        if _has_key(schema, old):
+            continue
+        if _has_key(schema, new):
+            shared[old] = new
+    return {**shared, **getattr(task_cls, "renamed_keys", {})}
+
+
 def did_you_mean(word: str, options) -> str:
     close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""

@@ -29,6 +29,7 @@ from tk.core.config import (
     describe_value,
     did_you_mean,
     recipe_schema,
+    renamed_keys_of,
     section_checks,
 )
 from tk.core.errors import TkError
@@ -290,31 +291,6 @@ def _renamed_message(old: str, new: str, value: Any) -> str:
     shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
     example = f"`{section}: {{{field}: {shown}}}`"
     return f"{old.split('=')[0]} was renamed to {new}; write {example} instead"
-
-
-# Keys of earlier versions, renamed for one vocabulary across the tasks (README): old -> new. A task
-# gets each one whose new key its schema has and whose old key it does not (its own renamed_keys win).
-OLD_KEYS = {"data.tokenizer": "tokenizer.kind", "data.bpe_vocab_size": "tokenizer.vocab_size",
-            "data.vocab_size": "tokenizer.vocab_size", "data.tokenizer_file": "tokenizer.path",
-            "data.lowercase": "tokenizer.lowercase", "data.config": "data.hf_config", "data.split": "data.hf_split",
-            "data.hf_splits": "data.hf_split", "data.synthetic_seed": "data.seed", "data.dataset": "data.hf_name"}
-
-
-def _has_key(schema: dict[str, Any], key: str) -> bool:
-    section, _, name = key.partition(".")
-    tp = schema.get(section)
-    return dataclasses.is_dataclass(tp) and name in {f.name for f in dataclasses.fields(tp)}
-
-
-def renamed_keys_of(task_cls: type, schema: dict[str, Any]) -> dict[str, str]:
-    """The task's ``renamed_keys`` plus the shared :data:`OLD_KEYS` that apply to its schema."""
-    shared = {}
-    for old, new in OLD_KEYS.items():
-        if _has_key(schema, old):
-            continue
-        if _has_key(schema, new):
-            shared[old] = new
-    return {**shared, **getattr(task_cls, "renamed_keys", {})}
 
 
 def renamed_key_problems(raw: dict[str, Any], renamed: dict[str, str]) -> list[str]:
