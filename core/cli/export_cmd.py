@@ -42,4 +42,5 @@ def export_cmd(run_dir: str, overrides: tuple[str, ...], fmt: str, output: str |
         click.echo(json.dumps(result))
         return
     click.echo(f"wrote {result['output']} ({fmt}: {', '.join(result['files'])}) from "
-               f"{result['checkpoint']} (step {result['step']}, {'EMA' if result['ema'] else 'raw'} weights)")
+               f"{result['checkpoint']} (step {result['step']}, {'EMA' if result['ema'] else 'raw'} weights)"
+               + (f"; note: {result['note']}" if result.get("note") else ""))

@@ -124,6 +124,22 @@ _WRITERS: dict[str, Callable[..., tuple[list[str], str]]] = {
     "safetensors": _safetensors, "hf": _hf, "peft": _peft, "timm": _timm, "torch-export": _program, "onnx": _onnx}
 
 
+def checkpoint_note(run_dir: Path, checkpoint: str, source: dict[str, Any]) -> str:
+    """What a user must know about the weights exported: an unfinished run, and ``best`` taken
+    from ``last.pt`` (no best checkpoint): said in the command's line and the card, never silent."""
+    notes = []
+    try:
+        status = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        status = {}
+    if status.get("status") not in (None, "finished"):
+        notes.append(f"the run is unfinished: {status['status']} at step {status.get('step')} of "
+                     f"{status.get('total_steps', '?')}")
+    if checkpoint == "best" and Path(source["checkpoint"]).name == "last.pt":
+        notes.append("no best.pt (no train.best_metric, or no evaluation yet): its last checkpoint instead")
+    return "; ".join(notes)
+
+
 def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, checkpoint: str = "best",
                ema: bool | None = None, overwrite: bool = False, overrides: list[str] = ()) -> dict[str, Any]:
     """``tk export``: write the run's model in ``fmt`` into ``output`` (default
@@ -152,6 +168,7 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
     out = check_output(output if output is not None else run_dir / "export" / fmt, "tk export", overwrite,
                        sources=reading, folder=True)
     task, model, source = load_run_source(run_dir, checkpoint, list(overrides), ema=ema)
+    source["note"] = checkpoint_note(run_dir, checkpoint, source)
     # portable weights: float32 on the CPU, LoRA adapters folded into their base weights, so
     # every format holds the plain model (its library knows no adapters), except PEFT's: the adapters
     model = model.float().cpu().eval()

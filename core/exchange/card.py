@@ -66,7 +66,8 @@ def model_card(task: Any, fmt: str, source: dict[str, Any], metrics: dict[str, f
     header = yaml.safe_dump(front_matter(task, fmt, metrics), sort_keys=False)
     return (f"---\n{header}---\n\n# {task.name}: exported with tk\n\n"
             f"- task: `{task.name}`\n- format: `{fmt}` ({', '.join(files)})\n"
-            f"- checkpoint: `{Path(source['checkpoint']).name}`, step {source['step']}, {weights} weights\n"
+            f"- checkpoint: `{Path(source['checkpoint']).name}`, step {source['step']}, {weights} weights"
+            + (f" ({source['note']})" if source.get("note") else "") + "\n"
             f"{lora_line}- tk version: {tk.__version__}\n- data: `{data}`\n\n"
             f"## Metrics of this checkpoint\n\n| metric | value |\n|---|---|\n{metric_lines}\n\n"
             f"## How to load\n\n{how}\n\n## Recipe (resolved config)\n\n```yaml\n{recipe}\n```\n")

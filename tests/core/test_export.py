@@ -408,3 +408,21 @@ def test_hf_export_refuses_a_plugin_text_encoder_model_and_takes_its_hook():
     Task.export_hf = lambda self, model: ({"model_type": "bert"}, {"w": model.head.weight})
     config, state = hf_export(Task(), Tagger())
     assert config == {"model_type": "bert"} and set(state) == {"w"}
+
+
+def test_an_unfinished_run_and_a_missing_best_are_said_not_substituted_silently(textcls_run, tmp_path):
+    """#51 item 11: tk export of a run that did not finish, whose best.pt is missing, says both in its
+    line and in the card."""
+    import json
+    import shutil
+
+    run = tmp_path / "unfinished"
+    shutil.copytree(textcls_run, run)
+    (run / "checkpoints" / "best.pt").unlink()
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps({**status, "status": "interrupted"}))
+    result = tk("export", run, "--format", "safetensors", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "note: the run is unfinished: interrupted at step" in result.output
+    assert "no best.pt" in result.output and "its last checkpoint instead" in result.output
+    assert "(the run is unfinished: interrupted" in (tmp_path / "out" / "README.md").read_text()
