@@ -315,6 +315,9 @@ CASES: dict[str, Case] = {
     "checkpoint/eval split banana": C(["eval", "{run}", "--split", "banana"], 2, "banana", ["val"]),
     "checkpoint/eval no run": C(["eval", "{d}/nowhere"], 2, "nowhere"),
     "checkpoint/eval foreign": C(["eval", "{foreign}"], 2, "its config.yaml was not written by `tk run`"),
+    "data/unigram vocabulary below the alphabet": C(["run", "textcls_synthetic", "output_dir={d}/tc", "train.max_steps=1",
+                                                     "tokenizer.kind=unigram", "tokenizer.vocab_size=20"], 2,
+                                                    "tokenizer.vocab_size (20) is smaller than the unigram alphabet"),
     # -- paths say what was found and what is expected (issue #51 item 10) ------------------------------
     "paths/checkpoint name not there": C(["eval", "{run}", "--checkpoint", "nope.pt"], 2,
                                          "--checkpoint nope.pt: no such file", ["give best, last or one of"]),
@@ -739,6 +742,18 @@ def test_bad_input(name, world, tmp_path, monkeypatch):
     if case.unchanged:
         assert hashes(tmp_path) == before
     assert not list(tmp_path.glob(".*tk-overwritten"))
+
+
+def test_a_vocabulary_other_than_asked_is_reported(tmp_path):
+    """tokenizer.vocab_size below the alphabet (wordpiece keeps every character) or above what the texts
+    hold (unigram): the size the run really has is one line in train.log (#51 item 11)."""
+    for kind, size, said in (("wordpiece", 20, "the texts' alphabet alone needs"), ("unigram", 8000, "has 6")):
+        run = tmp_path / kind
+        result = CliRunner().invoke(cli, ["run", "textcls_synthetic", f"output_dir={run}", "train.max_steps=1",
+                                          "data.num_train=64", f"tokenizer.kind={kind}", f"tokenizer.vocab_size={size}"])
+        assert result.exit_code == 0, result.output
+        assert f"tokenizer.vocab_size is {size} but" in (run / "train.log").read_text() and said in \
+            (run / "train.log").read_text()
 
 
 def test_a_policy_no_pipeline_runs_is_one_fix_not_two(tmp_path):

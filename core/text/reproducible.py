@@ -18,6 +18,7 @@ its alphabet is sorted and its merges are ordered by (count, pair ids).
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
@@ -54,6 +55,12 @@ def train_wordpiece(tok: Tokenizer, lines: Iterable[str], vocab_size: int, min_f
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     firsts = sorted({c for w in words for c in w})  # every character is in the alphabet, as in WordPieceTrainer
+    needed = len(specials) + len(firsts) + len(inside)
+    if vocab_size < needed:  # the trainer keeps the alphabet whole: the vocabulary outgrows the key (said, not silent)
+        logging.getLogger("tk.core.text.tokenizer").warning(
+            "tokenizer: tokenizer.vocab_size is %d but the texts' alphabet alone needs %d wordpiece ids (%d characters, "
+            "%d inside words as ##c, %d specials); raise tokenizer.vocab_size above it for any merges",
+            vocab_size, needed, len(firsts), len(inside), len(specials))
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                   initial_alphabet=firsts, show_progress=False)
     bpe.train_from_iterator(_repeat(words, table), trainer)

@@ -9,6 +9,7 @@ Unigram: https://arxiv.org/abs/1804.10959.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -128,11 +129,23 @@ class TextTokenizer:
             if cfg.kind == "wordpiece":  # the same vocabulary in every process (see tk.core.text.reproducible)
                 tok = train_wordpiece(tok, texts, cfg.vocab_size, cfg.min_frequency, specials, unk_token)
             else:
-                tok.train_from_iterator(_line_batches(texts), trainer)
+                try:
+                    tok.train_from_iterator(_line_batches(texts), trainer)
+                except Exception as e:  # tokenizers raises a bare Exception here
+                    if "not large enough" not in str(e):
+                        raise
+                    raise TkError(f"tokenizer.vocab_size ({cfg.vocab_size}) is smaller than the {cfg.kind} alphabet "
+                                  f"of the texts (every character needs an id); raise tokenizer.vocab_size") from e
                 tok = canonical_unigram(tok, specials) if cfg.kind == "unigram" else tok
         out = cls(tok)
         if template is not None:
             out.set_template(template)
+        if cfg.kind not in ("char", "wordpiece") and out.vocab_size != cfg.vocab_size:  # said in train.log, not silent
+            why = ("the alphabet and the specials need more" if out.vocab_size > cfg.vocab_size else
+                   "the texts hold no more distinct pieces")
+            logging.getLogger(__name__).warning(
+                "tokenizer: tokenizer.vocab_size is %d but the trained %s vocabulary has %d ids (%s)",
+                cfg.vocab_size, cfg.kind, out.vocab_size, why)
         return out
 
     @classmethod
