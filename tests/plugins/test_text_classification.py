@@ -228,7 +228,8 @@ def test_pretrained_dir_resolution(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
     assert resolve_pretrained_dir(str(tmp_path)) == tmp_path  # an existing folder: never the hub
-    with pytest.raises(TkError, match=r"'owner/model' is not a folder on disk, and downloading .*offline"):
+    with pytest.raises(TkError, match=r"'owner/model' is no path on disk, and as a Hugging Face hub id it could not be "
+                                      r"fetched \(offline"):
         resolve_pretrained_dir("owner/model")
     with pytest.raises(TkError, match="model.pretrained_from: .*nowhere/at/all does not exist"):
         resolve_pretrained_dir(str(tmp_path / "nowhere" / "at" / "all"))  # a path, not a hub id
