@@ -30,6 +30,7 @@ class ModelConfig(TransformerConfig):
     mlp_ratio: float = 2.0  # feed-forward width / dim
     pos_encoding: Literal["sinusoidal", "learned", "rotary", "none"] = (
         "learned")  # learned: BERT's trained table; sinusoidal: the fixed sin/cos table; rotary: relative; none
+    pretrained_from: str | None = None  # an mlm or text_classification run dir or .pt checkpoint: its encoder and tokenizer (continued pre-training)
 
 
 class MLMHead(nn.Module):

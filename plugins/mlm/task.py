@@ -14,6 +14,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
+from tk.core.exchange.backbone import PretrainedBackbone
+from tk.core.exchange.pretrained import TRANSFORMER_SHAPE_KEYS
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
 from tk.core.nn.config import TransformerConfig
@@ -58,6 +60,11 @@ class MLMTask(Task):
     DataConfig: ClassVar[type] = DataConfig
     ModelConfig: ClassVar[type] = ModelConfig
     extra_sections: ClassVar[Mapping[str, type]] = {"tokenizer": MLMTokenizerConfig, "predict": PredictConfig}
+    # model.pretrained_from: continued pre-training from an mlm run, or from a text_classification run's encoder
+    # (its tokenizer comes with it; positions follow data.max_len, so max_len is not taken from the source)
+    pretrained_backbone: ClassVar[PretrainedBackbone] = PretrainedBackbone(
+        prefix="encoder.", accepts=("text_classification",), files=(TOKENIZER_FILE,),
+        shape_keys=tuple(k for k in TRANSFORMER_SHAPE_KEYS if k != "max_len"))
 
     def __init__(self, cfg: Any, run_dir: Any = None) -> None:
         super().__init__(cfg, run_dir)

@@ -289,3 +289,23 @@ def test_a_streamed_hub_corpus_splits_as_the_downloaded_one(tmp_path):
     assert len(streamed["train"]) == 54 and [len(b) for b in streamed["train"].batches(25)] == [25, 25, 4]
     result = run_cli("validate", "mlm_synthetic", "data.streaming=true")
     assert result.exit_code == 2 and "data.streaming needs data.source text or hf" in result.output
+
+
+def test_continued_pretraining_from_an_mlm_run(trained_run, tmp_path):
+    """model.pretrained_from (#51 item 17: was an unknown key): the encoder and the tokenizer of an mlm
+    run seed a new one through the one-line pretrained_backbone; a shape key against it is one line."""
+    from tk.core.engine.inference import load_run
+
+    result = run_cli("run", "mlm_synthetic", f"output_dir={tmp_path / 'more'}", *FAST, "data.max_len=16",
+                     f"model.pretrained_from={trained_run}", "train.max_steps=0")
+    assert result.exit_code == 0, result.output
+    assert "tensors under 'encoder.' from the mlm run" in (tmp_path / "more" / "train.log").read_text()
+    tok = "artifacts/tokenizer.json"
+    assert (tmp_path / "more" / tok).read_bytes() == (trained_run / tok).read_bytes()
+    _, before = load_run(trained_run)
+    _, after = load_run(tmp_path / "more")
+    for name, t in after.state_dict().items():
+        assert torch.equal(t, before.state_dict()[name]) or not name.startswith("encoder."), name
+    result = run_cli("run", "mlm_synthetic", f"output_dir={tmp_path / 'bad'}", *FAST, "model.dim=48",
+                     f"model.pretrained_from={trained_run}")
+    assert result.exit_code == 2 and "model.dim: the recipe sets 48" in result.output
