@@ -241,9 +241,13 @@ def adopt_shape(section: Any, source_values: Mapping[str, Any], keys: Iterable[s
 def describe_shape(cfg: Any) -> str:
     """``dim=256, depth=6, num_heads=8, ...``: the shape keys a model was built with (for the
     line a run logs about its pretrained source)."""
-    keys = ("dim", "depth", "num_heads", "num_kv_heads", "mlp_ratio", "hidden_dim", "activation", "norm",
-            "norm_first", "pos_encoding", "patch_size")
-    return ", ".join(f"{k}={getattr(cfg, k)}" for k in keys if getattr(cfg, k, None) is not None)
+    keys = ("dim", "depth", "num_heads", "num_kv_heads", "hidden_dim", "activation", "norm", "norm_first",
+            "pos_encoding", "patch_size")
+    # the feed-forward width as built (hidden_dim, or mlp_ratio x dim): a stale ratio beside it would mislead
+    values = {k: getattr(cfg, k, None) for k in keys}
+    if hasattr(cfg, "ffn_dim"):
+        values["hidden_dim"] = cfg.ffn_dim
+    return ", ".join(f"{k}={v}" for k, v in values.items() if v is not None)
 
 
 def load_backbone(model: nn.Module, weights: Mapping[str, torch.Tensor], prefix: str = "",

@@ -178,12 +178,16 @@ class TextClassificationTask(Task):
                 write_record(self.files, self.source, {k: self.encoder_spec["cfg"][k] for k in SHAPE_KEYS})
         elif m.pretrained_from is not None and self.encoder_spec is None:
             cfg, vocab, types = bert_config(read_bert_config(self.pretrained_path), dropout=m.dropout)
-            problems, ignored = hf_shape_problems(m, cfg, self.cfg.given) if not resume else ([], [])
+            problems, _ = hf_shape_problems(m, cfg, self.cfg.given) if not resume else ([], [])
             if problems:  # fresh runs only: later ones read encoder.json
                 raise TkError(problems[0])
-            if ignored:
-                log.warning("model.pretrained_from is set: its config.json gives the encoder's shape, so %s "
-                            "(set in the recipe) are ignored", ", ".join(ignored))
+            differ = [f"{k}={getattr(cfg, k)!r} (recipe: {getattr(m, k)!r})" for k in SHAPE_KEYS
+                      if hasattr(m, k) and getattr(cfg, k) != getattr(m, k) and k not in ("mlp_ratio", "hidden_dim")]
+            if cfg.ffn_dim != TransformerConfig.of(m).ffn_dim:
+                differ.append(f"hidden_dim={cfg.ffn_dim} (recipe: {TransformerConfig.of(m).ffn_dim})")
+            if differ:  # every key the folder decides, whether the recipe wrote it or left the default
+                log.warning("model.pretrained_from: the encoder is built as its config.json says: %s",
+                            ", ".join(differ))
             self.encoder_spec = {"cfg": dataclasses.asdict(cfg), "vocab_size": vocab, "type_vocab_size": types}
         if self.tokenizer is None:
             if m.pretrained_from is not None:

@@ -91,7 +91,7 @@ def test_the_run_records_the_shape_it_built_and_says_what_the_source_gave(tmp_pa
     assert built["norm_first"] is False and built["pooler"] is True and built["dim"] == 32
     log = (run / "train.log").read_text()
     assert f"model.pretrained_from: 17 encoder tensors from {mlm} (mlm run, best.pt); new: pooler, head (2 classes); " \
-           "shape: dim=32, depth=1, num_heads=4, mlp_ratio=2.0, activation=gelu, norm=layernorm, norm_first=False" in log
+           "shape: dim=32, depth=1, num_heads=4, hidden_dim=64, activation=gelu, norm=layernorm, norm_first=False" in log
     assert "model.lora: rank-4 adapters on 2 Linear layers" in log and "(the adapters and head.bias, head.weight, " \
            "pooler.bias, pooler.weight), 17 tensors" in log
     assert tk(["export", str(run), "--format", "hf", "-o", str(tmp_path / "hf")]).exit_code == 0

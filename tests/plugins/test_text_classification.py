@@ -189,8 +189,9 @@ def test_fine_tune_from_hub_id_then_predict_without_it(tmp_path, monkeypatch, ca
     with caplog.at_level("WARNING"):
         run_cli(["run", "textcls_synthetic", f"output_dir={run_dir}", *common])
     assert downloads == ["someone/tiny-bert"]  # once: setup and init_pretrained share the folder
-    ignored = [r.getMessage() for r in caplog.records if "are ignored" in r.getMessage()]
-    assert len(ignored) == 1 and "model.dim (set in the recipe)" in ignored[0], ignored  # the recipe file's 64
+    built = [r.getMessage() for r in caplog.records if "built as its config.json says" in r.getMessage()]
+    assert len(built) == 1 and "dim=32 (recipe: 64)" in built[0], built  # the recipe file's 64
+    assert "hidden_dim=64 (recipe:" in built[0] and "norm_first=False (recipe: True)" in built[0], built  # defaults too
     log = (run_dir / "train.log").read_text()
     assert "model.pretrained_from: 29 encoder tensors from someone/tiny-bert (BERT), and its pooler" in log
     shutil.rmtree(folder)  # eval/predict use the run's own files and weights
