@@ -279,3 +279,11 @@ def check_not_empty(dataset: Dataset, source: str, split: str) -> None:
     """Raise a TkError for a dataset with no items."""
     if len(dataset) == 0:
         raise TkError(f"data.source={source}: the {split!r} split has no images; check data.root and the files")
+
+
+def counted(ds: Any, split: str, report: Any) -> Any:
+    """``ds``, said in train.log and on the console with its size (and classes, where it knows them):
+    how many images each split holds when an image run starts."""
+    classes = getattr(ds, "classes", None) or getattr(getattr(ds, "base", None), "classes", None)
+    report(f"image_classification: {split}: {len(ds):,} images" + (f" in {len(classes)} classes" if classes else ""))
+    return ds

@@ -29,6 +29,7 @@ from tk.plugins.image_classification.data import (
     build_source_dataset,
     check_data,
     check_not_empty,
+    counted,
 )
 from tk.plugins.image_classification.device_pipeline import BatchAugment, decoded_split, stacked
 from tk.plugins.image_classification.distill import (
@@ -226,7 +227,7 @@ class ImageClassificationTask(Task):
         if data.source == "webdataset" and data.class_names is None and split != "train":  # labels 0.. of train
             data = dataclasses.replace(data, class_names=self.class_names)
         if data.pipeline == "device":
-            return decoded_split(data, self.data_config, split, 0, self._class_names)
+            return counted(decoded_split(data, self.data_config, split, 0, self._class_names), split, self.report)
         if data.streaming:  # already yields the item dicts
             base = build_stream(data, split, self._transform(split == "train"), data.class_names)
         else:
@@ -236,7 +237,7 @@ class ImageClassificationTask(Task):
         if classes is not None and self._class_names is not None and list(classes) != self._class_names:
             raise TkError(f"the {split!r} split has classes {list(classes)[:10]}... but the model was built for "
                           f"{self._class_names[:10]}...; every split needs the same class folders")
-        return base if data.streaming else DictDataset(base)
+        return base if data.streaming else counted(DictDataset(base), split, self.report)
 
     def build_loader(self, split: str, spec: LoaderSpec) -> DataLoader:
         """The core loader; with ``data.pipeline=device`` over the decoded split, a batch gathered at

@@ -99,6 +99,7 @@ def test_webdataset_run_trains_evaluates_and_predicts(tmp_path):
                                       f"data.class_names={NAMES}", f"output_dir={out}", *TINY])
     assert result.exit_code == 0, result.output
     assert json.loads((out / "artifacts" / "classes.json").read_text()) == NAMES
+    assert "image_classification: val: 6 images" in (out / "train.log").read_text()  # each split's size, said
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("val/top1" in r for r in rows)
     picture(1, 0).save(tmp_path / "green.png")
