@@ -214,7 +214,8 @@ def hf_export(task: Any, model: nn.Module) -> tuple[dict, dict]:
         files = getattr(task, "files", None)
         source = json.loads(files.read_text(HF_SOURCE_CONFIG)) if files is not None and files.exists(HF_SOURCE_CONFIG) else None
         return lm_export(model, task.model_cfg, source)
-    raise TkError(f"--format hf: task {task.name!r} has a {type(model).__name__}, which has no transformers "
+    article = "an" if type(model).__name__[:1] in "AEIOU" else "a"
+    raise TkError(f"--format hf: task {task.name!r} has {article} {type(model).__name__}, which has no transformers "
                   f"export (text classifiers and masked LMs -> BERT, language models -> their family); a plugin "
                   f"opts in by defining Task.export_hf(model) -> (config.json dict, tensors) (docs/plugins.md); "
                   f"use --format safetensors")

@@ -68,7 +68,8 @@ def timm_export(task: Any, model: nn.Module) -> tuple[str, dict[str, Any], dict[
         return timm_name, kwargs, model.state_dict()
     if isinstance(model, VisionTransformer):
         return _vit(model)
-    raise TkError(f"--format timm: task {task.name!r} has a {type(model).__name__}; only image classifiers "
+    article = "an" if type(model).__name__[:1] in "AEIOU" else "a"
+    raise TkError(f"--format timm: task {task.name!r} has {article} {type(model).__name__}; only image classifiers "
                   f"(the core ViT or model.timm) export to timm; use --format safetensors")
 
 
