@@ -117,6 +117,14 @@ def test_a_six_trial_sweep_on_two_workers_finds_a_better_lr_than_its_worst_and_e
     shown = CliRunner().invoke(cli, ["sweep", "--show", str(tmp_path / "sweep")])
     assert shown.exit_code == 0 and f"best: trial {best['trial']}" in shown.output
     assert (tmp_path / "sweep" / "history.png").stat().st_size > 0 and (tmp_path / "sweep" / "params.png").is_file()
+    # docs/sweeps.md's Python reads the study (a journal file is no storage URL to optuna.load_study)
+    text = (Path(__file__).parents[2] / "docs" / "sweeps.md").read_text()
+    code = text.split("## Reading a study from Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace('"runs/vit_cifar_cpu_sweep"', repr(str(tmp_path / "sweep")))
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    number, value = printed.stdout.split()[:2]
+    assert int(number) == best["trial"] and float(value) == pytest.approx(best["value"]), printed.stdout
 
 
 def random_seed_giving(order: list) -> int:
