@@ -23,10 +23,12 @@ FORMATS = ("hf", "peft", "timm", "safetensors", "torch-export", "onnx")  # == tk
 @click.option("--ema/--raw", "ema", default=None,
               help="The EMA or the raw weights  [default: the ones the run selected: EMA when best_metric is val_ema/*]")
 @click.option("--overwrite", is_flag=True, help="Replace an existing, non-empty output folder.")
+@click.option("--license", "license_", default=None, metavar="ID",
+              help="The model card's license (a hub license id such as apache-2.0, mit, cc-by-4.0, other).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @debug_option
 def export_cmd(run_dir: str, overrides: tuple[str, ...], fmt: str, output: str | None, checkpoint: str,
-               ema: bool | None, overwrite: bool, as_json: bool) -> None:
+               ema: bool | None, overwrite: bool, license_: str | None, as_json: bool) -> None:
     """Export a run's model (the checkpoint and weights `tk eval` would use) with a README.md
     model card: task, data, recipe, metrics of the checkpoint, how to load it.
 
@@ -37,7 +39,7 @@ def export_cmd(run_dir: str, overrides: tuple[str, ...], fmt: str, output: str |
     """
     from tk.core.engine.export_run import export_run
 
-    result = export_run(run_dir, fmt, output, checkpoint, ema, overwrite, list(overrides))
+    result = export_run(run_dir, fmt, output, checkpoint, ema, overwrite, list(overrides), license_)
     if as_json:
         click.echo(json.dumps(result))
         return

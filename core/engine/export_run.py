@@ -141,7 +141,8 @@ def checkpoint_note(run_dir: Path, checkpoint: str, source: dict[str, Any]) -> s
 
 
 def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, checkpoint: str = "best",
-               ema: bool | None = None, overwrite: bool = False, overrides: list[str] = ()) -> dict[str, Any]:
+               ema: bool | None = None, overwrite: bool = False, overrides: list[str] = (),
+               license: str | None = None) -> dict[str, Any]:
     """``tk export``: write the run's model in ``fmt`` into ``output`` (default
     ``<run_dir>/export/<fmt>``) with a model card ``README.md``.
 
@@ -153,6 +154,7 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
             wrote it; never a run dir, a run's checkpoints, the current folder or a folder
             holding the run).
         checkpoint, ema, overrides: which weights, as for ``tk eval`` (see ``load_run``).
+        license: the model card's license id (``apache-2.0``); None: none stated.
 
     Returns:
         ``{"output", "format", "files", "checkpoint", "step", "ema"}``.
@@ -169,6 +171,7 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
                        sources=reading, folder=True)
     task, model, source = load_run_source(run_dir, checkpoint, list(overrides), ema=ema)
     source["note"] = checkpoint_note(run_dir, checkpoint, source)
+    source["license"], source["name"] = license, run_dir.resolve().name
     # portable weights: float32 on the CPU, LoRA adapters folded into their base weights, so
     # every format holds the plain model (its library knows no adapters), except PEFT's: the adapters
     model = model.float().cpu().eval()
@@ -182,4 +185,5 @@ def export_run(run_dir: str | Path, fmt: str, output: str | Path | None = None, 
 
     write_output_folder(out, "tk export", fill, {"format": fmt, "run": str(run_dir.resolve()), "step": source["step"]})
     files = sorted(p.name for p in out.iterdir() if p.name != OUTPUT_MARKER)
-    return {"output": str(out), "format": fmt, "files": files, **source}
+    return {"output": str(out), "format": fmt, "files": files,
+            **{k: v for k, v in source.items() if k not in ("license", "name")}}

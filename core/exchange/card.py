@@ -33,18 +33,31 @@ def _base_model(model: Any) -> str | None:
     return None
 
 
-def front_matter(task: Any, fmt: str, metrics: dict[str, float]) -> dict[str, Any]:
-    """The card's metadata (``huggingface_hub.ModelCardData`` fields)."""
+# datasets' packaged builders: a local file's format, never a hub dataset id
+_BUILDERS = {"parquet", "json", "csv", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
+
+
+def _hub_dataset(name: Any) -> str | None:
+    """``data.hf_name`` where it names a hub dataset (not a local path, a saved folder or a builder)."""
+    if not isinstance(name, str) or name in _BUILDERS or Path(name).expanduser().exists() or not is_hub_id(name):
+        return None
+    return name
+
+
+def front_matter(task: Any, fmt: str, metrics: dict[str, float], license: str | None = None,
+                 name: str | None = None) -> dict[str, Any]:
+    """The card's metadata (``huggingface_hub.ModelCardData`` fields): ``license`` as given, the
+    ``model-index`` entry named ``name`` (the run's folder), datasets only where they are hub ids."""
     model, data = task.cfg.sections.get("model"), task.cfg.sections.get("data")
     pipeline = PIPELINES.get(task.name)
-    meta: dict[str, Any] = {"library_name": LIBRARIES.get(fmt), "pipeline_tag": pipeline,
+    meta: dict[str, Any] = {"license": license, "library_name": LIBRARIES.get(fmt), "pipeline_tag": pipeline,
                             "tags": ["tk", task.name, fmt], "base_model": _base_model(model)}
-    hf_name = getattr(data, "hf_name", None) if getattr(data, "source", None) == "hf" else None
+    hf_name = _hub_dataset(getattr(data, "hf_name", None)) if getattr(data, "source", None) == "hf" else None
     if hf_name:
         meta["datasets"] = [hf_name]
     if metrics:
         dataset = {"name": hf_name or f"{getattr(data, 'source', 'data')} (val)", "type": hf_name or task.name}
-        meta["model-index"] = [{"name": task.cfg.name or task.name, "results": [{
+        meta["model-index"] = [{"name": name or task.name, "results": [{
             "task": {"type": pipeline or task.name}, "dataset": dataset,
             "metrics": [{"type": k.split("/")[-1], "name": k, "value": float(v)} for k, v in sorted(metrics.items())],
         }]}]
@@ -63,7 +76,8 @@ def model_card(task: Any, fmt: str, source: dict[str, Any], metrics: dict[str, f
     lora = getattr(cfg.sections.get("model"), "lora", None)
     lora_line = (f"- LoRA: the rank-{lora.rank} adapters are merged into their base weights (no adapter tensors; "
                  f"the model built without `model.lora`)\n" if lora is not None else "")
-    header = yaml.safe_dump(front_matter(task, fmt, metrics), sort_keys=False)
+    header = yaml.safe_dump(front_matter(task, fmt, metrics, source.get("license"), source.get("name")),
+                            sort_keys=False)
     return (f"---\n{header}---\n\n# {task.name}: exported with tk\n\n"
             f"- task: `{task.name}`\n- format: `{fmt}` ({', '.join(files)})\n"
             f"- checkpoint: `{Path(source['checkpoint']).name}`, step {source['step']}, {weights} weights"

@@ -426,3 +426,17 @@ def test_an_unfinished_run_and_a_missing_best_are_said_not_substituted_silently(
     assert "note: the run is unfinished: interrupted at step" in result.output
     assert "no best.pt" in result.output and "its last checkpoint instead" in result.output
     assert "(the run is unfinished: interrupted" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_the_card_states_a_license_names_its_entry_after_the_run_and_lists_only_hub_datasets(textcls_run, tmp_path):
+    """#51 item 16: --license is the card's license; the model-index entry is the run's name (not "config");
+    a local or packaged-builder data.hf_name is no hub dataset id."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from tk.core.exchange.card import _hub_dataset
+
+    out = tmp_path / "card"
+    assert tk_cli("export", textcls_run, "--format", "safetensors", "-o", out, "--license", "apache-2.0").exit_code == 0
+    card = huggingface_hub.ModelCard.load(out / "README.md")
+    assert card.data.license == "apache-2.0" and card.data.model_name == textcls_run.name
+    assert [_hub_dataset(n) for n in ("parquet", str(tmp_path), "stanfordnlp/sst2", "glue")] == \
+        [None, None, "stanfordnlp/sst2", "glue"]
