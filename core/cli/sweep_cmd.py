@@ -95,7 +95,12 @@ def _checked_sweep(recipe: str, overrides: list[str], space_file: str, trials: i
         cfg, task_cls = load_config(recipe, [*overrides, *space.overrides(example), f"train.best_metric={metric}"])
     except TkError as e:
         raise TkError(f"--space {space_file}: {e}") from None
-    run_checks(cfg, task_cls, fresh=True)  # e.g. a metric the task does not log, before any trial
+    try:
+        run_checks(cfg, task_cls, fresh=True)  # e.g. a metric the task does not log, before any trial
+    except TkError as e:  # the space file's metric: named as the user wrote it, not as the key tk set
+        if not space.metric or "train.best_metric" not in str(e):
+            raise
+        raise TkError(f"--space {space_file}: " + str(e).replace("train.best_metric", "metric")) from None
     folder = Path(sweep_dir) if sweep_dir else Path(f"{cfg.output_dir.rstrip('/')}_sweep")
     return Sweep(recipe, overrides, space, metric, direction, trials, folder, storage or str(folder / JOURNAL_FILE),
                  nproc)

@@ -106,6 +106,11 @@ class SearchSpace:
 
 
 def _number(value: Any, where: str) -> float | int:
+    if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string: the number it spells is meant
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TkError(f"{where}: {value!r} is not a number")
     return value

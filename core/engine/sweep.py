@@ -127,11 +127,18 @@ def prepare_sweep_dir(sweep: Sweep, resume: bool) -> Any:
         raise TkError(f"--resume: {sweep.sweep_dir} holds no sweep ({SWEEP_FILE} missing); drop --resume to start one")
     elif sweep.sweep_dir.exists() and any(sweep.sweep_dir.iterdir()):
         raise TkError(f"--dir {sweep.sweep_dir} exists and is not a sweep dir; give an empty or new folder")
+    created = not sweep.sweep_dir.exists()
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:  # the storage first: one that cannot be reached leaves nothing behind (docs/sweeps.md)
+        storage = open_storage(sweep.storage)
+    except TkError:
+        if created and not any(sweep.sweep_dir.iterdir()):
+            sweep.sweep_dir.rmdir()
+        raise
     if not path.is_file():
         path.write_text(yaml.safe_dump(mine, sort_keys=False), encoding="utf-8")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.create_study(study_name=STUDY_NAME, storage=open_storage(sweep.storage),
+    return optuna.create_study(study_name=STUDY_NAME, storage=storage,
                                sampler=build_sampler(sweep.space), pruner=build_pruner(sweep.space.pruner),
                                direction=sweep.direction, load_if_exists=True)
 

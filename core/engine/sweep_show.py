@@ -34,6 +34,8 @@ def show_sweep(sweep_dir: str | Path) -> dict[str, Any]:
     from optuna.visualization import matplotlib as ovm
 
     sweep_dir = Path(sweep_dir)
+    if not sweep_dir.exists():
+        raise TkError(f"tk sweep --show: {sweep_dir} does not exist; give the --dir of a sweep (`tk runs` lists runs)")
     if not (sweep_dir / SWEEP_FILE).is_file():
         raise TkError(f"tk sweep --show: {sweep_dir} holds no sweep ({SWEEP_FILE} missing); give the --dir of a sweep")
     definition = yaml.safe_load((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))

@@ -63,7 +63,8 @@ def test_a_space_parses_ranges_choices_and_fixed_keys(tmp_path):
 
 @pytest.mark.parametrize("space, extra, message", [
     ({"params": {"optim.lrr": {"low": 1e-3, "high": 1e-2}}}, [], "optim.lrr"),
-    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}, "metric": "val/bleu"}, [], "val/bleu"),
+    ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}, "metric": "val/bleu"}, [],
+     "s.yaml: metric: 'val/bleu' is not"),  # the space file's key, not train.best_metric (#51 item 5)
     ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}}, ["--storage", "postgresql://u@127.0.0.1:1/x"],
      "--storage: cannot open postgresql://u@127.0.0.1:1/x"),
     ({"params": {"optim.lr": {"low": 1e-3, "high": 1e-2}}}, ["--storage", "/no/such/folder/s.journal"],
@@ -74,7 +75,17 @@ def test_bad_sweep_inputs_are_one_line_before_any_trial(tmp_path, space, extra, 
                                       "--trials", "2", "--dir", str(tmp_path / "sweep"), *extra])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert not list((tmp_path / "sweep").glob("trial_*"))
+    assert not (tmp_path / "sweep").exists()  # nothing written: no sweep.yaml, no trial (#51 item 5)
+
+
+def test_show_of_a_missing_folder_says_so_and_a_yaml_1e_minus_4_is_a_number(tmp_path):
+    shown = CliRunner().invoke(cli, ["sweep", "--show", str(tmp_path / "nowhere")])
+    assert shown.exit_code == 2 and "nowhere does not exist" in shown.stderr, shown.output
+    path = tmp_path / "s.yaml"
+    path.write_text("params:\n  optim.lr: {low: 1e-4, high: 1e-2, log: true}\n")  # YAML 1.1: strings
+    from tk.core.engine.search_space import load_space
+
+    assert load_space(str(path)).params[0].low == 1e-4
 
 
 def sweep(tmp_path: Path, space: dict, trials: int, *extra: str, dir_name: str = "sweep", **kw):
