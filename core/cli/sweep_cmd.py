@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
 
 from tk.core.cli.group import debug_option
-from tk.core.errors import TkError
+from tk.core.errors import RunError, TkError
 
 
 @click.command("sweep")
@@ -48,7 +49,7 @@ def sweep_cmd(recipe: str | None, overrides: tuple[str, ...], space: str | None,
         return
     if recipe is None or space is None or trials is None:
         raise click.UsageError("tk sweep needs RECIPE, --space FILE and --trials N (or --show DIR)")
-    from tk.core.engine.sweep import run_sweep
+    from tk.core.engine.sweep import WORKER_ENV, run_sweep
 
     sweep = _checked_sweep(recipe, list(overrides), space, trials, sweep_dir, storage, nproc_per_node)
     worker_args = [recipe, *overrides, "--space", space, "--trials", str(trials), "--dir", str(sweep.sweep_dir),
@@ -61,6 +62,8 @@ def sweep_cmd(recipe: str | None, overrides: tuple[str, ...], space: str | None,
                    if not resume else f"sweep interrupted; continue it with: tk sweep {' '.join(worker_args)}",
                    err=True)
         raise SystemExit(130) from None
+    if os.environ.get(WORKER_ENV):  # a --jobs worker: the process the user started sums up, once
+        return
     states: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
         states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
@@ -72,6 +75,10 @@ def sweep_cmd(recipe: str | None, overrides: tuple[str, ...], space: str | None,
         params = " ".join(f"{k}={v}" for k, v in top.params.items())
         click.echo(f"best: trial {top.number} {sweep.metric}={top.value:.4f} {params} "
                    f"({top.user_attrs.get('run_dir')}); tk sweep --show {sweep.sweep_dir}")
+    elif states.get("fail"):  # not one trial finished: the sweep failed, with the first failure's line
+        first = min((t for t in study.get_trials(deepcopy=False) if t.state.name == "FAIL"), key=lambda t: t.number)
+        raise RunError(f"every trial failed; the first, trial {first.number}: "
+                       f"{first.user_attrs.get('error', 'see its log in ' + str(sweep.sweep_dir / 'logs')).removeprefix('error: ')}")
 
 
 def _checked_sweep(recipe: str, overrides: list[str], space_file: str, trials: int, sweep_dir: str | None,
@@ -95,6 +102,14 @@ def _checked_sweep(recipe: str, overrides: list[str], space_file: str, trials: i
         cfg, task_cls = load_config(recipe, [*overrides, *space.overrides(example), f"train.best_metric={metric}"])
     except TkError as e:
         raise TkError(f"--space {space_file}: {e}") from None
+    for p in space.searched:  # every choice and both bounds, not only the example: a bad one fails no trial later
+        for value in p.choices if p.kind == "categorical" else (p.low, p.high):
+            try:
+                load_config(recipe, [*overrides, *space.overrides({**example, p.key: value}),
+                                     f"train.best_metric={metric}"])
+            except TkError as e:
+                what = "choice" if p.kind == "categorical" else "bound"
+                raise TkError(f"--space {space_file}: {p.key}: the {what} {value!r} is refused: {e}") from None
     try:
         run_checks(cfg, task_cls, fresh=True)  # e.g. a metric the task does not log, before any trial
     except TkError as e:  # the space file's metric: named as the user wrote it, not as the key tk set

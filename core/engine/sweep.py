@@ -40,6 +40,7 @@ except ImportError:  # Windows: no locks (one worker per sweep dir)
 
 __all__ = ["Sweep", "SWEEP_FILE", "run_sweep", "trial_rows"]
 
+WORKER_ENV = "TK_SWEEP_WORKER"  # set in the --jobs worker processes: they print no summary of their own
 SWEEP_FILE = "sweep.yaml"  # what the sweep runs: recipe, overrides, space, objective
 JOURNAL_FILE = "study.journal"
 
@@ -254,8 +255,8 @@ def run_sweep(sweep: Sweep, resume: bool, jobs: int, worker_args: list[str], ech
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the workers and their trials inherit it
         echo(f"{jobs} trials at a time on {cores} CPU cores: {threads} thread(s) per trial process "
              f"(set OMP_NUM_THREADS to choose)")
-    others = [subprocess.Popen([sys.executable, "-m", "tk", "sweep", *worker_args, "--jobs", "1"])
-              for _ in range(jobs - 1)]
+    others = [subprocess.Popen([sys.executable, "-m", "tk", "sweep", *worker_args, "--jobs", "1"],
+                               env={**os.environ, WORKER_ENV: "1"}) for _ in range(jobs - 1)]
     try:
         run_worker(sweep, study, resume, echo)
     finally:
