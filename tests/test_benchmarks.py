@@ -30,6 +30,7 @@ CASES = {
     "vit_cifar_timm": ["--quick"],
     "pretrained_lm": ["--quick"],
     "sft": ["--quick"],
+    "pretrained_translation": ["--quick"],
 }
 
 
@@ -72,6 +73,8 @@ def test_benchmark_runs_and_ends_with_json(name: str) -> None:
         assert result["same_first_loss"] is True and result["logits_diff"] < 1e-4
         assert result["packed_loss_diff"] < 1e-5 and result["packed_padding_share"] < result["padded_padding_share"]
         assert {"tk_padded", "tk_packed", "peft_padded"} <= set(result["peak_mb"])
+    if name == "pretrained_translation":  # tk and transformers: the same beam-4 token ids and the same first loss
+        assert result["same_ids"] is True and result["first_loss_diff"] < 1e-4
     if name == "translation":
         # beam-4 decoding with and without the KV cache gives the same tokens
         assert result["tokens_equal"] is True
