@@ -21,6 +21,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -129,3 +130,30 @@ def _repeat(words: Counter[str], table: dict[int, str]) -> Iterator[str]:
             n = min(count, per)
             yield (mapped + " ") * n
             count -= n
+
+
+def train_checked(tok: Tokenizer, batches: Iterable[list[str]], trainer: Any, cfg: Any) -> None:
+    """``tok.train_from_iterator`` with a vocabulary below the texts' alphabet as one line (unigram: the
+    trainer raises a bare ``Exception``).
+
+    Raises:
+        TkError: ``tokenizer.vocab_size`` cannot hold every character.
+    """
+    try:
+        tok.train_from_iterator(batches, trainer)
+    except Exception as e:  # tokenizers raises a bare Exception here
+        if "not large enough" not in str(e):
+            raise
+        raise TkError(f"tokenizer.vocab_size ({cfg.vocab_size}) is smaller than the {cfg.kind} alphabet of the texts "
+                      f"(every character needs an id); raise tokenizer.vocab_size") from e
+
+
+def say_size(vocab_size: int, cfg: Any) -> None:
+    """A trained vocabulary of another size than ``tokenizer.vocab_size``, said in train.log (wordpiece says
+    its alphabet itself, in :func:`train_wordpiece`; char has no size)."""
+    if cfg.kind not in ("char", "wordpiece") and vocab_size != cfg.vocab_size:
+        why = "the alphabet and the specials need more" if vocab_size > cfg.vocab_size else \
+            "the texts hold no more distinct pieces"
+        logging.getLogger("tk.core.text.tokenizer").warning(
+            "tokenizer: tokenizer.vocab_size is %d but the trained %s vocabulary has %d ids (%s)",
+            cfg.vocab_size, cfg.kind, vocab_size, why)

@@ -9,7 +9,6 @@ Unigram: https://arxiv.org/abs/1804.10959.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from tk.core.errors import TkError
-from tk.core.text.reproducible import canonical_unigram, train_wordpiece
+from tk.core.text.reproducible import canonical_unigram, say_size, train_checked, train_wordpiece
 
 __all__ = ["BERT_SPECIALS", "BERT_TEMPLATE", "Encoded", "Template", "TextTokenizer", "TokenizerConfig",
            "build_tokenizer"]
@@ -109,9 +108,8 @@ class TextTokenizer:
             specials: special tokens; they get ids 0, 1, ... in this order.
             template: special tokens added around each text by ``encode(add_special_tokens=True)``,
                 e.g. :data:`BERT_TEMPLATE`; None = none.
-            unk_token: the token of unknown input (char, wordpiece, unigram); default: the first
-                special containing "unk" (any case), else ``"<unk>"`` appended to ``specials``.
-                Byte-level BPE needs none.
+            unk_token: the token of unknown input (char, wordpiece, unigram; byte-level BPE needs none); default:
+                the first special containing "unk" (any case), else ``"<unk>"`` appended to ``specials``.
 
         Raises:
             TkError: unknown kind, or a template token missing from the vocabulary.
@@ -129,23 +127,12 @@ class TextTokenizer:
             if cfg.kind == "wordpiece":  # the same vocabulary in every process (see tk.core.text.reproducible)
                 tok = train_wordpiece(tok, texts, cfg.vocab_size, cfg.min_frequency, specials, unk_token)
             else:
-                try:
-                    tok.train_from_iterator(_line_batches(texts), trainer)
-                except Exception as e:  # tokenizers raises a bare Exception here
-                    if "not large enough" not in str(e):
-                        raise
-                    raise TkError(f"tokenizer.vocab_size ({cfg.vocab_size}) is smaller than the {cfg.kind} alphabet "
-                                  f"of the texts (every character needs an id); raise tokenizer.vocab_size") from e
+                train_checked(tok, _line_batches(texts), trainer, cfg)
                 tok = canonical_unigram(tok, specials) if cfg.kind == "unigram" else tok
         out = cls(tok)
         if template is not None:
             out.set_template(template)
-        if cfg.kind not in ("char", "wordpiece") and out.vocab_size != cfg.vocab_size:  # said in train.log, not silent
-            why = ("the alphabet and the specials need more" if out.vocab_size > cfg.vocab_size else
-                   "the texts hold no more distinct pieces")
-            logging.getLogger(__name__).warning(
-                "tokenizer: tokenizer.vocab_size is %d but the trained %s vocabulary has %d ids (%s)",
-                cfg.vocab_size, cfg.kind, out.vocab_size, why)
+        say_size(out.vocab_size, cfg)  # a size other than asked: said in train.log, not silent
         return out
 
     @classmethod
