@@ -180,7 +180,8 @@ def _check_override_path(schema: dict[str, Any], keys: list[str], text: str) -> 
         if isinstance(node, dict) and not dataclasses.is_dataclass(node):
             options = node
         elif dataclasses.is_dataclass(node):
-            options = {f.name: typing.get_type_hints(node)[f.name] for f in dataclasses.fields(node)}
+            hints = typing.get_type_hints(node)  # once per section: it resolves every annotation of the class
+            options = {f.name: hints[f.name] for f in dataclasses.fields(node)}
         elif typing.get_origin(node) is dict or node is dict:
             return None  # free-form mapping: any sub-key
         else:

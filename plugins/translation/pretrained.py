@@ -94,6 +94,11 @@ class Translator:
         log.info("model.pretrained_from: %s (%s, %d tensors, %.1f MB of weights) loaded as %s", self.spec,
                  self.config["model_type"], len(model.state_dict()), self.files.nbytes() / 1e6,
                  str(dtype).removeprefix("torch."))
+        drops = {k: self.config.get(k) for k in ("encoder_layerdrop", "decoder_layerdrop") if self.config.get(k)}
+        if drops:  # a training-time option only: the model computes the same, fine-tuning keeps every layer
+            log.warning("model.pretrained_from: %s has %s; tk does not drop layers (LayerDrop): fine-tuning runs "
+                        "every layer, translation is unaffected", self.spec,
+                        ", ".join(f"{k} {v}" for k, v in drops.items()))
         return model
 
 

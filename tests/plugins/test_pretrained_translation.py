@@ -178,6 +178,8 @@ def test_import_then_export_without_training_is_byte_for_byte(folders, tmp_path)
                 "train.max_steps=0", "train.progress=false", f"output_dir={tmp_path / name}"]
         result = CliRunner().invoke(cli, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output
+        if name == "nllb":  # M2M100's default LayerDrop 0.05: said, not silently dropped
+            assert "tk does not drop layers (LayerDrop)" in (tmp_path / name / "train.log").read_text()
         out = tmp_path / f"{name}-hf"
         result = CliRunner().invoke(cli, ["export", str(tmp_path / name), "--format", "hf", "-o", str(out)])
         assert result.exit_code == 0, result.output

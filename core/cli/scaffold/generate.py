@@ -57,9 +57,10 @@ def render(name: str, kind: str) -> dict[str, str]:
         "pyproject.toml": templates.PYPROJECT,
         "README.md": templates.README + module.README_EXTRA,
         f"{pkg}/__init__.py": templates.INIT,
+        f"{pkg}/data.py": module.DATA,
         f"{pkg}/task.py": module.TASK,
         f"{pkg}/recipes/{names['__RECIPE__']}.yaml": module.RECIPE,
-        f"tests/test_{name}.py": templates.TEST + module.TEST_EXTRA,
+        f"tests/test_{name}.py": templates.TEST.replace("__TEST_HEAD__", module.TEST_HEAD) + module.TEST_EXTRA,
     }
     out = {}
     for path, text in files.items():
