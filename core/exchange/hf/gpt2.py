@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tk.core.exchange.hf.table import Family, rows
+from tk.core.exchange.hf.table import Family, plain_attention_problems, rows
 from tk.core.nn.config import TransformerConfig
 
 ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": None, "gelu": "gelu", "relu": "relu",
@@ -66,17 +66,7 @@ def _to_hf(cfg: TransformerConfig) -> tuple[dict[str, Any], list[str]]:
     act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}.get(cfg.activation)
     if act is None:
         problems.append(f"model.activation {cfg.activation!r} (GPT-2: gelu_tanh, gelu, relu, silu)")
-    if cfg.num_kv_heads not in (None, cfg.num_heads):
-        problems.append(f"model.num_kv_heads {cfg.num_kv_heads} (GPT-2 has no grouped-query attention)")
-    if cfg.head_dim not in (None, cfg.dim // cfg.num_heads):
-        problems.append(f"model.head_dim {cfg.head_dim}")
-    if any(b is False for b in cfg.biases()):
-        problems.append("biases off on some layers (GPT-2 has them everywhere)")
-    for name in ("attn_scale", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", "layer_types",
-                 "rope_scaling"):
-        if getattr(cfg, name) is not None:
-            problems.append(f"model.{name} {getattr(cfg, name)}")
-    problems += [f"model.{n} true" for n in ("qk_norm", "sandwich_norm", "scale_embedding") if getattr(cfg, n)]
+    problems += plain_attention_problems(cfg, "GPT-2", ("qk_norm", "sandwich_norm", "scale_embedding"))
     return {"activation_function": act, "n_inner": cfg.ffn_dim, "scale_attn_weights": True,
             "scale_attn_by_inverse_layer_idx": False}, problems
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tk.core.exchange.hf.table import Family, rows
+from tk.core.exchange.hf.table import Family, plain_attention_problems, rows
 from tk.core.nn.config import TransformerConfig
 
 ACTS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh"}
@@ -103,17 +103,7 @@ def _to_hf(cfg: TransformerConfig) -> tuple[dict[str, Any], list[str]]:
     act = ACTS_BACK.get(cfg.activation)
     if act is None:
         problems.append(f"model.activation {cfg.activation!r} (supported: {', '.join(ACTS_BACK)})")
-    if cfg.num_kv_heads not in (None, cfg.num_heads):
-        problems.append(f"model.num_kv_heads {cfg.num_kv_heads} (no grouped-query attention)")
-    if cfg.head_dim not in (None, cfg.dim // cfg.num_heads):
-        problems.append(f"model.head_dim {cfg.head_dim}")
-    if any(b is False for b in cfg.biases()):
-        problems.append("biases off on some layers (the family has them everywhere)")
-    for name in ("attn_scale", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", "layer_types",
-                 "rope_scaling"):
-        if getattr(cfg, name) is not None:
-            problems.append(f"model.{name} {getattr(cfg, name)}")
-    problems += [f"model.{n} true" for n in ("qk_norm", "sandwich_norm") if getattr(cfg, n)]
+    problems += plain_attention_problems(cfg, "the family")
     heads, ffn = cfg.num_heads, cfg.ffn_dim
     return {"activation_function": act, "decoder_attention_heads": heads, "decoder_ffn_dim": ffn,
             "scale_embedding": True, "tie_word_embeddings": True, "attention_dropout": cfg.attn_dropout_p,

@@ -96,6 +96,25 @@ class Family:
         return out
 
 
+def plain_attention_problems(cfg: TransformerConfig, family: str,
+                             flags: tuple[str, ...] = ("qk_norm", "sandwich_norm")) -> list[str]:
+    """What a family of plain multi-head attention with biases everywhere (GPT-2, Marian, M2M100) cannot
+    express of ``cfg``: grouped-query heads, another head width, a missing bias, the decoder variants'
+    options (``flags``: the true/false ones it lacks)."""
+    problems = []
+    if cfg.num_kv_heads not in (None, cfg.num_heads):
+        problems.append(f"model.num_kv_heads {cfg.num_kv_heads} ({family} has no grouped-query attention)")
+    if cfg.head_dim not in (None, cfg.dim // cfg.num_heads):
+        problems.append(f"model.head_dim {cfg.head_dim}")
+    if any(b is False for b in cfg.biases()):
+        problems.append(f"biases off on some layers ({family} has them everywhere)")
+    for name in ("attn_scale", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", "layer_types",
+                 "rope_scaling"):
+        if getattr(cfg, name) is not None:
+            problems.append(f"model.{name} {getattr(cfg, name)}")
+    return problems + [f"model.{n} true" for n in flags if getattr(cfg, n)]
+
+
 def config_to_tk(family: Family, hf: Mapping[str, Any]) -> dict[str, Any]:
     """The ``TransformerConfig`` fields of a family ``config.json``.
 
