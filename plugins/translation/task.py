@@ -21,10 +21,10 @@ from tk.core.data.samplers import TokenBudgetBatchSampler
 from tk.core.errors import TkError
 from tk.core.exchange.hf.peft import linear_names
 from tk.core.exchange.hf.seq2seq import export_seq2seq, seq2seq_family
-from tk.core.nn.config import TransformerConfig
 from tk.core.exchange.pretrained import TRANSFORMER_SHAPE_KEYS, adopt_shape, read_record
 from tk.core.losses import cross_entropy_sum
 from tk.core.metrics import Metric
+from tk.core.nn.config import TransformerConfig
 from tk.core.nn.generation import GenerationConfig, generate
 from tk.core.nn.transformer import EncoderDecoder
 from tk.core.step import EvalContext, StepOutput
@@ -126,8 +126,9 @@ class TranslationTask(Task):
         """The translator of ``model.pretrained_from``: its shape (recipe keys must agree), tokenizers, framing."""
         self.hf = Translator(self.model_cfg.pretrained_from)
         self.model_cfg = adopt_shape(self.model_cfg, self.hf.fields, TRANSFORMER_SHAPE_KEYS, self.cfg.given)
-        self.model_cfg = dataclasses.replace(self.model_cfg, **{  # the model's own dropouts where the recipe sets none
-            k: self.hf.fields[k] for k in DROPOUTS if k in self.hf.fields and not user_set(self.cfg, "model", self.model_cfg, k)})
+        own = {k: self.hf.fields[k] for k in DROPOUTS  # the model's own dropouts where the recipe sets none
+               if k in self.hf.fields and not user_set(self.cfg, "model", self.model_cfg, k)}
+        self.model_cfg = dataclasses.replace(self.model_cfg, **own)
         if self.data.max_len > self.model_cfg.max_len:
             raise TkError(f"data.max_len ({self.data.max_len}) exceeds the model's {self.model_cfg.max_len} positions "
                           f"(config.json max_position_embeddings); lower data.max_len")
