@@ -131,6 +131,7 @@ class TarShards(Dataset):
                         folder, _, name = member.name.rpartition("/")
                         stem, _, ext = name.partition(".")
                         groups.setdefault(f"{folder}/{stem}", {})[ext.lower()] = member
+                check_complete(tar, shard, self.key)
                 labels = {k: _label(tar, lm, shard) for k, ms in groups.items() if (lm := _label_member(ms)) is not None}
         except (tarfile.TarError, OSError, EOFError) as e:
             raise TkError(f"{self.key}: cannot read shard {shard} ({e}); it is damaged or not a tar file") from e
@@ -159,6 +160,20 @@ class TarShards(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:  # loader workers: open their own files
         return {**self.__dict__, "_files": {}}
+
+
+def check_complete(tar: tarfile.TarFile, shard: Any, key: str) -> None:
+    """After reading every member: a shard cut at a member boundary ends without tar's end-of-archive
+    block, and tarfile stops there without a word (fewer samples, silently); here it is an error.
+
+    Raises:
+        TkError: the shard is truncated, named with its size.
+    """
+    fileobj = tar.fileobj
+    read = fileobj.pos if hasattr(fileobj, "pos") else fileobj.tell()  # a stream's bytes read, or a file's position
+    if read < tar.offset + tarfile.BLOCKSIZE:
+        raise TkError(f"{key}: shard {shard} ends after {tar.offset:,} bytes without tar's end-of-archive block: it "
+                      f"is truncated (an interrupted copy or download), so samples are missing; write or fetch it again")
 
 
 def _label_member(members: dict[str, tarfile.TarInfo]) -> tarfile.TarInfo | None:

@@ -32,7 +32,7 @@ from tk.core.data.stream import StreamingDataset
 from tk.core.errors import TkError
 from tk.core.text.hub import load_hub_dataset
 from tk.core.text.token_store import cache_root
-from tk.plugins.image_classification.sources import IMAGE_EXTENSIONS, parse_label
+from tk.plugins.image_classification.sources import IMAGE_EXTENSIONS, check_complete, parse_label
 
 __all__ = ["HubImageStream", "TarStream", "build_stream"]
 
@@ -124,6 +124,7 @@ class TarStream:
                         image = tar.extractfile(member).read() if wanted(n) else b""
                     elif ext in _LABEL_EXTENSIONS and label is None:
                         label = parse_label(tar.extractfile(member).read(), member.name, self.url)
+                check_complete(tar, self.url, self.key)  # a shard cut between members: an error, not fewer samples
                 if image is not None and label is not None:
                     yield n, image or None, label
         except (tarfile.TarError, OSError, EOFError) as e:

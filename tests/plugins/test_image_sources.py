@@ -89,6 +89,23 @@ def test_tar_shard_problems_are_one_line(tmp_path):
         TarShards(expand_shards(pattern, "k"), "k", ["a", "b"])
 
 
+def test_a_shard_cut_between_members_is_an_error_not_fewer_samples(tmp_path):
+    """#51 item 8: tarfile stops without a word where a shard was cut at a member boundary (18 of 32
+    samples); indexed and streamed alike it is one line naming the shard."""
+    from tk.plugins.image_classification.streams import TarStream
+
+    write_shards(tmp_path, "train", 32, per_shard=32)
+    shard = tmp_path / "train-0000.tar"
+    with tarfile.open(shard) as tar:
+        cut = tar.getmembers()[36].offset  # the header of sample 18
+    assert len(TarShards([shard], "k", NAMES)) == 32 and sum(1 for _ in TarStream(str(shard), "k").read(0, 99)) == 32
+    shard.write_bytes(shard.read_bytes()[:cut])
+    with pytest.raises(TkError, match=f"k: shard .*train-0000.tar ends after {cut:,} bytes without tar's end-of-archive"):
+        TarShards([shard], "k", NAMES)
+    with pytest.raises(TkError, match="train-0000.tar ends after .* it is truncated"):
+        list(TarStream(str(shard), "k").read(0, 99))
+
+
 @pytest.mark.slow
 def test_webdataset_run_trains_evaluates_and_predicts(tmp_path):
     train = write_shards(tmp_path / "shards", "train", 24, per_shard=8)
