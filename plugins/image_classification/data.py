@@ -57,7 +57,7 @@ class DataConfig:
     hflip: float = 0.5  # probability of a horizontal flip (train)
     auto_augment: str | None = None  # timm policy, e.g. "rand-m9-mstd0.5" (RandAugment); null = off
     re_prob: float = 0.0  # random-erasing probability per training image
-    on_bad_image: Literal["skip", "error"] = "error"  # imagefolder: unreadable file -> skip (warn) or fail
+    on_bad_image: Literal["skip", "error"] = "error"  # imagefolder, indexed webdataset: unreadable image -> skip (warn) or fail
     mean: list[float] | None = None  # input normalisation; null: timm's pretrained cfg when fine-tuning, else the source's
     std: list[float] | None = None  # (same, for the standard deviation)
     hf_name: str | None = None  # hf: a datasets hub id (e.g. "ethz/food101"), a save_to_disk folder, or a builder ("parquet", "imagefolder") with hf_data_files
@@ -271,7 +271,7 @@ def build_source_dataset(cfg: Any, split: str, transform: Callable | None) -> Da
         if split not in (cfg.shards or {}):
             raise TkError(f"data.shards: no shards for the {split!r} split; add {split}: <shards>")
         return TarShards(expand_shards(cfg.shards[split], f"data.shards.{split}"), f"data.shards.{split}",
-                         cfg.class_names, transform)
+                         cfg.class_names, transform, cfg.on_bad_image)
     raise TkError(f"data.source {cfg.source!r} must be one of {sorted(MEAN_STD)}")
 
 

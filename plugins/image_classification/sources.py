@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ from torch.utils.data import Dataset
 
 from tk.core.errors import TkError
 from tk.core.text.hub import load_hub_dataset
+
+log = logging.getLogger(__name__)
 
 __all__ = ["HubImages", "TarShards", "expand_shards"]
 
@@ -104,20 +107,24 @@ class TarShards(Dataset):
         key: the recipe key named in errors.
         class_names: names of the labels in order; None = ``"0"``, ``"1"``, ... up to the largest label.
         transform: applied to each RGB PIL image.
+        on_bad_image: an image that does not decode: "error" (one line naming shard and member) or "skip"
+            (warned once, counted in ``bad_members``, replaced by the next readable sample, as image folders do).
     """
 
     def __init__(self, shards: Sequence[Path], key: str, class_names: Sequence[str] | None = None,
-                 transform: Callable | None = None) -> None:
-        self.shards, self.key, self.transform = list(shards), key, transform
-        self.samples: list[tuple[int, tuple[int, int], int]] = []  # (shard, (offset, size) of the image, label)
+                 transform: Callable | None = None, on_bad_image: str = "error") -> None:
+        self.shards, self.key, self.transform, self.on_bad_image = list(shards), key, transform, on_bad_image
+        self.bad_members: set[str] = set()
+        # (shard, (offset, size) of the image, label, its member's name)
+        self.samples: list[tuple[int, tuple[int, int], int, str]] = []
         for n, shard in enumerate(self.shards):
             self.samples += self._index(n, shard)
         if not self.samples:
             raise TkError(f"{key}: the shards hold no sample with an image ({'/'.join(IMAGE_EXTENSIONS)}) and a "
                           f"label (.cls or .json); write them with webdataset's TarWriter")
-        top = max(label for *_, label in self.samples)
+        top = max(sample[2] for sample in self.samples)
         self.classes = list(class_names) if class_names is not None else [str(i) for i in range(top + 1)]
-        if top >= len(self.classes) or min(label for *_, label in self.samples) < 0:
+        if top >= len(self.classes) or min(sample[2] for sample in self.samples) < 0:
             raise TkError(f"data.class_names: the shards hold label {top} but {len(self.classes)} class names are "
                           f"given; list one name per label 0..{top}")
         self._files: dict[int, Any] = {}  # open shards, per process (a loader worker opens its own)
@@ -139,24 +146,33 @@ class TarShards(Dataset):
         for k, members in groups.items():
             image = next((members[e] for e in IMAGE_EXTENSIONS if e in members), None)
             if image is not None and k in labels:
-                out.append((n, (image.offset_data, image.size), labels[k]))
+                out.append((n, (image.offset_data, image.size), labels[k], image.name))
         return out
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        shard, (offset, size), label = self.samples[index]
-        f = self._files.get(shard)
-        if f is None:
-            f = self._files[shard] = open(self.shards[shard], "rb")
-        f.seek(offset)
-        try:
-            image = Image.open(io.BytesIO(f.read(size))).convert("RGB")
-        except Exception as e:  # PIL raises several types
-            raise TkError(f"cannot read the image of sample {index} in shard {self.shards[shard]} ({e}); "
-                          f"rewrite the shard") from e
-        return (self.transform(image) if self.transform else image), label
+        for step in range(len(self.samples)):  # skip policy: the next readable sample keeps batch shapes
+            shard, (offset, size), label, member = self.samples[(index + step) % len(self.samples)]
+            f = self._files.get(shard)
+            if f is None:
+                f = self._files[shard] = open(self.shards[shard], "rb")
+            f.seek(offset)
+            try:
+                image = Image.open(io.BytesIO(f.read(size))).convert("RGB")
+            except Exception as e:  # PIL raises several types
+                where = f"{self.shards[shard]}:{member}"
+                if self.on_bad_image == "error":
+                    raise TkError(f"{self.key}: cannot read image {where} ({e}); rewrite the shard, or set "
+                                  f"data.on_bad_image=skip to skip unreadable images") from e
+                if where not in self.bad_members:
+                    self.bad_members.add(where)
+                    log.warning("skipping unreadable image %s (%s); %d skipped so far", where, e,
+                                len(self.bad_members))
+                continue
+            return (self.transform(image) if self.transform else image), label
+        raise TkError(f"{self.key}: no image of the shards decodes ({len(self.bad_members)} tried)")
 
     def __getstate__(self) -> dict[str, Any]:  # loader workers: open their own files
         return {**self.__dict__, "_files": {}}
@@ -172,8 +188,9 @@ def check_complete(tar: tarfile.TarFile, shard: Any, key: str) -> None:
     fileobj = tar.fileobj
     read = fileobj.pos if hasattr(fileobj, "pos") else fileobj.tell()  # a stream's bytes read, or a file's position
     if read < tar.offset + tarfile.BLOCKSIZE:
-        raise TkError(f"{key}: shard {shard} ends after {tar.offset:,} bytes without tar's end-of-archive block: it "
-                      f"is truncated (an interrupted copy or download), so samples are missing; write or fetch it again")
+        raise TkError(f"{key}: shard {shard} ends after {tar.offset:,} bytes without tar's end-of-archive block: "
+                      f"it is truncated (an interrupted copy or download), so samples are missing; write or fetch "
+                      f"it again")
 
 
 def _label_member(members: dict[str, tarfile.TarInfo]) -> tarfile.TarInfo | None:

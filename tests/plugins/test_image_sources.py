@@ -205,3 +205,22 @@ def test_the_food101_recipe_runs_on_a_local_stand_in(tmp_path):
                                       "train.progress=false", "mixup.prob=0.0", f"output_dir={tmp_path / 'run'}"])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "run" / "artifacts" / "classes.json").read_text()) == NAMES
+
+
+def test_a_corrupt_image_in_a_shard_names_shard_and_member_and_honours_the_skip_policy(tmp_path, caplog):
+    """#51 item 8: not "<_io.BytesIO object at 0x...>", and data.on_bad_image=skip skips it (indexed shards)."""
+    import webdataset as wds
+
+    shard = tmp_path / "train-0000.tar"
+    with wds.TarWriter(str(shard)) as sink:
+        for i in range(4):
+            buf = io.BytesIO()
+            picture(i % 3, i).save(buf, format="PNG")
+            sink.write({"__key__": f"s{i}", "png": b"not a png" if i == 1 else buf.getvalue(), "cls": str(i % 3).encode()})
+    with pytest.raises(TkError, match=r"k: cannot read image .*train-0000.tar:s1.png .* data.on_bad_image=skip"):
+        TarShards([shard], "k", NAMES)[1]
+    skipping = TarShards([shard], "k", NAMES, on_bad_image="skip")
+    with caplog.at_level("WARNING"):
+        image, label = skipping[1]  # the next readable sample, s2
+    assert label == 2 and skipping.bad_members == {f"{shard}:s1.png"}
+    assert any("skipping unreadable image" in r.getMessage() for r in caplog.records)
