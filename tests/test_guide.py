@@ -20,13 +20,8 @@ def guide_files() -> dict[str, str]:
     return {path: f"# file: {path}\n{body}" for path, body in blocks}
 
 
-def test_the_guide_has_one_complete_plugin():
-    assert set(guide_files()) == {"tk_repeats/__init__.py", "tk_repeats/recipes/repeats_demo.yaml",
-                                  "pyproject.toml", "tk_repeats/cli.py"}
-
-
-@pytest.mark.slow
-def test_the_guides_plugin_installs_trains_and_its_command_runs(tmp_path, monkeypatch):
+def install_guide_plugin(tmp_path, monkeypatch):
+    """The guide's plugin written to ``tmp_path/tk-repeats`` and importable, its entry points found."""
     project = tmp_path / "tk-repeats"
     for rel, text in guide_files().items():
         (project / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -34,6 +29,17 @@ def test_the_guides_plugin_installs_trains_and_its_command_runs(tmp_path, monkey
     install_metadata(project, tmp_path / "site")
     monkeypatch.syspath_prepend(str(project))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    return project
+
+
+def test_the_guide_has_one_complete_plugin():
+    assert set(guide_files()) == {"tk_repeats/__init__.py", "tk_repeats/recipes/repeats_demo.yaml",
+                                  "pyproject.toml", "tk_repeats/cli.py"}
+
+
+@pytest.mark.slow
+def test_the_guides_plugin_installs_trains_and_its_command_runs(tmp_path, monkeypatch):
+    install_guide_plugin(tmp_path, monkeypatch)
     runner = CliRunner()
 
     listing = runner.invoke(cli, ["list"]).output.splitlines()

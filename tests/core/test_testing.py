@@ -17,8 +17,7 @@ import pytest
 from tk.core import testing
 
 from ..conftest import TOY_PLUGIN, make_distribution
-from ..plugin_dist import install_metadata
-from ..test_guide import guide_files
+from ..test_guide import install_guide_plugin
 
 BROKEN = textwrap.dedent('''
 
@@ -293,13 +292,7 @@ def test_the_docs_example_passes_on_the_guides_plugin(tmp_path, monkeypatch):
     """docs/plugins.md's test file for the guide's `repeats` plugin, run (but its slow test)."""
     doc = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text(encoding="utf-8")
     (example,) = re.findall(r"^```python\n(# tests/test_repeats_promises.py\n.*?)^```", doc, re.DOTALL | re.M)
-    project = tmp_path / "tk-repeats"
-    for rel, text in guide_files().items():
-        (project / rel).parent.mkdir(parents=True, exist_ok=True)
-        (project / rel).write_text(text, encoding="utf-8")
-    install_metadata(project, tmp_path / "site")
-    monkeypatch.syspath_prepend(str(project))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    install_guide_plugin(tmp_path, monkeypatch)
     for name in [m for m in sys.modules if m.split(".")[0] == "tk_repeats"]:  # another test's copy
         monkeypatch.delitem(sys.modules, name)
     namespace = {}
